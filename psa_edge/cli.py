@@ -1,0 +1,91 @@
+"""The `psa-edge` command line: thin typer commands over the library.
+
+Contract: every `PsaEdgeError` becomes one line `error: ...` on stderr and exit code 2; usage
+errors are typer's (exit 2). Heavy imports (torch, matplotlib) happen inside the command that
+needs them, so `psa-edge --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from psa_edge.errors import EXIT_BAD_INPUT, PsaEdgeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Train, check and ship small Phase Space Attention transformers.")
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "psa-default.pt"
+
+
+@app.command()
+def train(
+    output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
+    task: str = typer.Option("ih-safari", help="ih-safari, ih-sht or mqar."),
+    preset: str = typer.Option("tiny", help="tiny, psa-0.5m, psa-4m, psa-30m or psa-92m."),
+    variant: str = typer.Option("key-only", help="baseline, key-only, symmetric, query-only."),
+    gamma: Optional[float] = typer.Option(None, help="Shear strength (default 0.8; 0 for baseline)."),
+    layers: Optional[int] = typer.Option(None, help="Number of layers (default: the preset's)."),
+    steps: int = typer.Option(1000, min=1),
+    seed: int = typer.Option(0),
+    batch_size: int = typer.Option(32, min=1),
+    lr: float = typer.Option(3e-3),
+    eval_every: int = typer.Option(100, min=1),
+    seq_len: Optional[int] = typer.Option(None, help="Task sequence length (default: the task's)."),
+) -> None:
+    """Train a model on an induction task and write a checkpoint, metrics and a curve."""
+    from psa_edge.train.run import TrainSpec, run_training
+
+    params = {"seq_len": seq_len} if seq_len else {}
+    spec = TrainSpec(task=task, preset=preset, variant=variant, gamma=gamma, layers=layers,
+                     steps=steps, seed=seed, batch_size=batch_size, lr=lr,
+                     eval_every=eval_every, task_params=params)
+    summary = run_training(spec, output, command=" ".join(["psa-edge", *sys.argv[1:]]))
+    typer.echo(f"wrote {output}: accuracy {summary['accuracy']:.3f}, steps to 0.9: "
+               f"{summary['steps_to_90'] or 'not reached'}")
+
+
+@app.command(name="eval")
+def eval_cmd(
+    checkpoint: Path = typer.Argument(..., help="model.pt"),
+    task: Optional[str] = typer.Option(None, help="Task (default: the one it was trained on)."),
+    samples: int = typer.Option(512, min=1),
+    seed: int = typer.Option(1234, help="Seed of the held-out sample."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Held-out accuracy of a checkpoint."""
+    from psa_edge.train.run import evaluate_checkpoint
+
+    result = evaluate_checkpoint(checkpoint, task, samples, seed)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    typer.echo(f"{result['task']}: accuracy {result['accuracy']:.4f} "
+               f"(last position {result['last_accuracy']:.4f}, chance {result['chance']:.4f}, "
+               f"{result['samples']} held-out samples)")
+
+
+@app.command()
+def demo(
+    checkpoint: Path = typer.Option(DEFAULT_MODEL, help="Checkpoint to walk through."),
+) -> None:
+    """Walk the pipeline that exists so far on the shipped default model."""
+    from psa_edge.demo import run_demo
+
+    run_demo(checkpoint)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=True)
+    except PsaEdgeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Domain errors of psa-edge: one small hierarchy that library code raises.
+
+The CLI maps every `PsaEdgeError` to a one-line message on stderr and exit code 2
+(`EXIT_BAD_INPUT`); nothing else is caught there, so a real bug still shows its traceback.
+"""
+
+EXIT_BAD_INPUT = 2
+
+
+class PsaEdgeError(Exception):
+    """Base of every error psa-edge raises on bad input or unusable files."""
+
+
+class ConfigError(PsaEdgeError):
+    """Unknown preset or variant, or a gamma that contradicts the variant."""
+
+
+class TaskError(PsaEdgeError):
+    """Unknown task, or task parameters that cannot describe a data set."""
+
+
+class CheckpointError(PsaEdgeError):
+    """Missing, unreadable, corrupt or foreign checkpoint file."""
+
+
+class OutputError(PsaEdgeError):
+    """An output path that cannot be written."""

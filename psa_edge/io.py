@@ -1,0 +1,81 @@
+"""Atomic file output and manifests (SPEC §7). No torch import.
+
+Contract: `atomic_output(path)` yields a temporary path in the destination directory; on a clean
+exit it is renamed over `path` (atomic on POSIX), on any exception it is removed, so a final name
+only ever holds a complete file. `write_manifest` writes `<artifact>.json` the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from psa_edge.errors import OutputError
+
+
+def check_writable_dir(path: Path) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"output directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"output directory {parent} is not writable")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike):
+    path = Path(path)
+    check_writable_dir(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_output(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | os.PathLike, data) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def manifest_path(artifact: str | os.PathLike) -> Path:
+    return Path(f"{artifact}.json")
+
+
+def write_manifest(artifact: str | os.PathLike, fields: dict) -> dict:
+    manifest = {"artifact": Path(artifact).name, "artifact_sha256": sha256_file(artifact),
+                **fields}
+    write_json(manifest_path(artifact), manifest)
+    return manifest
+
+
+def versions() -> dict:
+    """Versions of psa-edge and the export stack, read from package metadata (no imports)."""
+    from importlib import metadata
+
+    out = {}
+    for dist in ("psa-edge", "torch", "onnx", "onnxruntime", "executorch", "numpy"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out

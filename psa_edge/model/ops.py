@@ -1,0 +1,49 @@
+"""Small pure tensor functions of the PSA transformer: RMSNorm, RoPE and the shear.
+
+Contract (SPEC §1-2):
+- `rope_cos_sin(positions, head_dim, theta)` gives the Hugging Face Llama tables for integer
+  positions; `apply_rope` uses the rotate-half convention.
+- `shear(x, prev, gamma)` is the upper shear along the sequence axis (dim -2):
+  `x^_t = x_t + gamma (x_t - x_{t-1})`, where `x_{-1}` of this chunk is `prev` (`[..., 1, d]`,
+  zeros at the start of a sequence). It is written as Sub, Mul, Add so that every exporter lowers
+  it to exactly those elementwise ops. It must be applied to post-RoPE streams.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(variance + eps) * weight
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin of shape `[S, head_dim]` for integer positions `[S]`."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate `x` `[B, H, S, d]` by the position tables `[S, d]`."""
+    return x * cos + rotate_half(x) * sin
+
+
+def previous(x: Tensor, prev: Tensor) -> Tensor:
+    """The stream shifted one step back along dim -2, with `prev` in front: `x_{t-1}`."""
+    return torch.cat([prev, x[..., :-1, :]], dim=-2)
+
+
+def shear(x: Tensor, prev: Tensor, gamma: float) -> Tensor:
+    """Upper shear `x + gamma * (x - x_prev)`; `prev` is the element before this chunk."""
+    momentum = x - previous(x, prev)
+    return momentum * gamma + x

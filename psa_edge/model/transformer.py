@@ -1,0 +1,179 @@
+"""The PSA transformer: a Llama decoder with the PSA shear after RoPE.
+
+Contract (SPEC §1, §3):
+- Parameter names are those of Hugging Face `LlamaForCausalLM` (`model.embed_tokens.weight`,
+  `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`); no
+  parameter depends on gamma, so a gamma = 0 model is a plain Llama model.
+- `forward(input_ids)` is the full-sequence forward from the zero initial state.
+- `forward_with_state(input_ids, state)` is the incremental forward over explicit state. A state
+  is a list with one dict per layer:
+      "key"        sheared keys k^  [B, Hkv, P, dh]
+      "value"      values           [B, Hkv, P, dh]
+      "prev_key"   raw post-RoPE key at P-1 [B, Hkv, 1, dh]  (only when gamma_k != 0)
+      "prev_query" raw post-RoPE query at P-1 [B, H, 1, dh]  (only when gamma_q != 0)
+  The position of the first new token is P, the state's length. It returns the logits of the new
+  tokens, the new state and, per layer, the raw post-RoPE keys (and queries when gamma_q != 0) of
+  the new positions, which are what a runtime needs to roll the slots back to any position.
+  Any chunking of a sequence gives the logits of the full-sequence forward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from psa_edge.model.config import ModelConfig
+from psa_edge.model.ops import apply_rope, rms_norm, rope_cos_sin, shear
+
+LayerState = dict[str, Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, hkv, dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, h * dh, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, hkv * dh, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, hkv * dh, bias=False)
+        self.o_proj = nn.Linear(h * dh, cfg.hidden_size, bias=False)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        b, s, _ = x.shape
+        return x.view(b, s, n, self.cfg.head_dim).transpose(1, 2)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, past: LayerState
+                ) -> tuple[Tensor, LayerState, LayerState]:
+        cfg = self.cfg
+        query = apply_rope(self._heads(self.q_proj(x), cfg.num_attention_heads), cos, sin)
+        key = apply_rope(self._heads(self.k_proj(x), cfg.num_key_value_heads), cos, sin)
+        value = self._heads(self.v_proj(x), cfg.num_key_value_heads)
+
+        new_state: LayerState = {}
+        raw: LayerState = {"key": key}
+        sheared_key = key
+        if cfg.gamma_k != 0:
+            sheared_key = shear(key, past["prev_key"], cfg.gamma_k)
+            new_state["prev_key"] = key[:, :, -1:, :]
+        sheared_query = query
+        if cfg.gamma_q != 0:
+            sheared_query = shear(query, past["prev_query"], cfg.gamma_q)
+            new_state["prev_query"] = query[:, :, -1:, :]
+            raw["query"] = query
+        keys = torch.cat([past["key"], sheared_key], dim=2)
+        values = torch.cat([past["value"], value], dim=2)
+        new_state["key"], new_state["value"] = keys, values
+
+        group = cfg.num_attention_heads // cfg.num_key_value_heads
+        if group > 1:  # GQA: every query head of a group sees its KV head's sheared key
+            keys = keys.repeat_interleave(group, dim=1)
+            values = values.repeat_interleave(group, dim=1)
+        scores = sheared_query @ keys.transpose(-1, -2) / math.sqrt(cfg.head_dim)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ values
+        b, _, s, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), new_state, raw
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, past):
+        attn_out, new_state, raw = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x)), new_state, raw
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class PSATransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # 0.02 is LlamaConfig.initializer_range's default.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def empty_state(self, batch: int = 1) -> list[LayerState]:
+        cfg = self.cfg
+        w = self.lm_head.weight
+        hkv, h, dh = cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
+        state = []
+        for _ in range(cfg.num_hidden_layers):
+            layer = {"key": w.new_zeros(batch, hkv, 0, dh), "value": w.new_zeros(batch, hkv, 0, dh)}
+            if cfg.gamma_k != 0:
+                layer["prev_key"] = w.new_zeros(batch, hkv, 1, dh)
+            if cfg.gamma_q != 0:
+                layer["prev_query"] = w.new_zeros(batch, h, 1, dh)
+            state.append(layer)
+        return state
+
+    def forward_with_state(self, input_ids: Tensor, state: list[LayerState]
+                           ) -> tuple[Tensor, list[LayerState], list[LayerState]]:
+        cfg = self.cfg
+        past_len = state[0]["key"].shape[2]
+        seq_len = input_ids.shape[1]
+        positions = torch.arange(seq_len, device=input_ids.device) + past_len
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        key_positions = torch.arange(past_len + seq_len, device=input_ids.device)
+        mask = key_positions[None, :] <= positions[:, None]
+
+        x = self.model.embed_tokens(input_ids)
+        new_state, raws = [], []
+        for layer, past in zip(self.model.layers, state):
+            x, layer_state, raw = layer(x, cos, sin, mask, past)
+            new_state.append(layer_state)
+            raws.append(raw)
+        return self.lm_head(self.model.norm(x)), new_state, raws
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        logits, _, _ = self.forward_with_state(input_ids, self.empty_state(input_ids.shape[0]))
+        return logits
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in model.parameters())

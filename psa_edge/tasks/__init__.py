@@ -1,0 +1,131 @@
+"""Induction benchmarks: named tasks, disjoint train/test splits and their metrics (numpy only).
+
+Contract:
+- `get_task(name, **params)` returns a `Task`; unknown names or parameters raise `TaskError`.
+- `Task.sample(split, n, seed)` is deterministic in `(split, n, seed)`. The split of an example is
+  a fixed function of its tokens (a hash), so the train and test splits can never share an example
+  whatever seeds are used.
+- `Task.score(predictions, targets)` returns the task's metrics from argmax predictions `[n, T]`;
+  "accuracy" is the headline number (ih-safari: last position; ih-sht: all scored positions;
+  mqar: per-example mean).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from psa_edge.errors import TaskError
+from psa_edge.tasks import induction
+from psa_edge.tasks.induction import IGNORE
+
+SPLITS = ("train", "test")
+TEST_FRACTION_MODULUS = 10  # one example in ten (by hash) belongs to the test split
+_HASH_PRIME = 2_147_483_647
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    generate: object
+    defaults: dict
+    vocab_param: str | None  # parameter that sets the vocabulary; None: ih-safari's own
+
+
+TASKS: dict[str, TaskDef] = {
+    "ih-safari": TaskDef(induction.ih_safari, dict(seq_len=30, num_ordinary=18), None),
+    "ih-sht": TaskDef(induction.ih_sht, dict(seq_len=256, alphabet=64), "alphabet"),
+    "mqar": TaskDef(induction.mqar, dict(seq_len=64, vocab_size=8192, num_pairs=4), "vocab_size"),
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    params: dict = field(default_factory=dict)
+
+    @property
+    def definition(self) -> TaskDef:
+        return TASKS[self.name]
+
+    @property
+    def vocab_size(self) -> int:
+        d = self.definition
+        if d.vocab_param is None:
+            return self.params["num_ordinary"] + 2
+        return self.params[d.vocab_param]
+
+    @property
+    def seq_len(self) -> int:
+        return self.params["seq_len"]
+
+    @property
+    def chance(self) -> float:
+        """Accuracy of uniform guessing over the tokens a target can be."""
+        if self.name == "ih-safari":
+            return 1 / self.params["num_ordinary"]
+        if self.name == "ih-sht":
+            return 1 / self.params["alphabet"]
+        return 2 / self.params["vocab_size"]  # values live in the upper half
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "params": dict(self.params)}
+
+    def sample(self, split: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        if split not in SPLITS:
+            raise TaskError(f"unknown split {split!r}; choose train or test")
+        if n < 1:
+            raise TaskError(f"number of samples must be positive, got {n}")
+        rng = np.random.default_rng([seed, SPLITS.index(split), 0x5A5A])
+        want_test = split == "test"
+        kept_inputs, kept_targets, have = [], [], 0
+        while have < n:
+            draw = max(16, (n - have) * (TEST_FRACTION_MODULUS + 1 if want_test else 2))
+            inputs, targets = self.definition.generate(rng, draw, **self.params)
+            keep = is_test_example(inputs) == want_test
+            kept_inputs.append(inputs[keep])
+            kept_targets.append(targets[keep])
+            have += int(keep.sum())
+        return (np.concatenate(kept_inputs)[:n].astype(np.int64),
+                np.concatenate(kept_targets)[:n].astype(np.int64))
+
+    def score(self, predictions: np.ndarray, targets: np.ndarray) -> dict:
+        scored = targets != IGNORE
+        correct = (predictions == targets) & scored
+        last = correct[:, -1].sum() / max(1, scored[:, -1].sum())
+        if self.name == "mqar":
+            accuracy = float(np.mean(correct.sum(1) / np.maximum(1, scored.sum(1))))
+        elif self.name == "ih-safari":
+            accuracy = float(last)
+        else:
+            accuracy = float(correct.sum() / max(1, scored.sum()))
+        return {"accuracy": accuracy, "last_accuracy": float(last),
+                "scored_positions": int(scored.sum())}
+
+
+def is_test_example(inputs: np.ndarray) -> np.ndarray:
+    """Which rows belong to the test split: a fixed polynomial hash of the tokens."""
+    seq_len = inputs.shape[1]
+    weights = np.random.default_rng(20260929).integers(1, 2**20, size=seq_len)
+    h = (inputs.astype(np.int64) * weights).sum(axis=1) % _HASH_PRIME
+    return h % TEST_FRACTION_MODULUS == 0
+
+
+def get_task(name: str, **params) -> Task:
+    if name not in TASKS:
+        raise TaskError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+    d = TASKS[name]
+    unknown = sorted(set(params) - set(d.defaults))
+    if unknown:
+        raise TaskError(f"task {name} has no parameter {', '.join(unknown)}")
+    merged = {**d.defaults, **{k: v for k, v in params.items() if v is not None}}
+    if merged["seq_len"] < 8:
+        raise TaskError(f"task {name} needs seq_len >= 8, got {merged['seq_len']}")
+    if name == "mqar" and 4 * merged["num_pairs"] + 1 > merged["seq_len"]:
+        raise TaskError(f"mqar: seq_len {merged['seq_len']} too short for "
+                        f"{merged['num_pairs']} pairs")
+    return Task(name, merged)
+
+
+def task_from_dict(d: dict) -> Task:
+    return get_task(d["name"], **d.get("params", {}))

@@ -1,0 +1,82 @@
+"""Checkpoint format (SPEC §7): round trip, weights_only, refusal of foreign or hostile files."""
+
+import os
+
+import pytest
+import torch
+
+from conftest import make_model
+from psa_edge.errors import CheckpointError
+from psa_edge.io import manifest_path, sha256_file
+from psa_edge.model.checkpoint import FORMAT_TAG, load_checkpoint, read_checkpoint, save_checkpoint
+
+
+def test_round_trip_and_manifest(tmp_path):
+    model = make_model("symmetric", gamma=0.5)
+    path = tmp_path / "m.pt"
+    save_checkpoint(path, model, {"note": "x"})
+    loaded, meta = load_checkpoint(path)
+    assert loaded.cfg == model.cfg and meta == {"note": "x"}
+    for (k, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), k
+    import json
+    manifest = json.loads(manifest_path(path).read_text())
+    assert manifest["artifact_sha256"] == sha256_file(path)
+    assert manifest["variant"] == "symmetric" and manifest["gamma_q"] == 0.5
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_malicious_pickle_is_refused_not_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pt"
+    torch.save({"format": FORMAT_TAG, "payload": Exploit()}, path)
+    with pytest.raises(CheckpointError, match="not a readable psa-edge checkpoint"):
+        read_checkpoint(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"", "not a readable"), (b"garbage bytes", "not a readable"),
+])
+def test_corrupt_files(tmp_path, content, match):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=match):
+        read_checkpoint(path)
+
+
+def test_wrong_tag_version_and_missing(tmp_path):
+    path = tmp_path / "x.pt"
+    torch.save({"format": "safetensors?", "version": 1}, path)
+    with pytest.raises(CheckpointError, match="format tag"):
+        read_checkpoint(path)
+    torch.save({"format": FORMAT_TAG, "version": 99}, path)
+    with pytest.raises(CheckpointError, match="version 99"):
+        read_checkpoint(path)
+    torch.save([1, 2], path)
+    with pytest.raises(CheckpointError, match="format tag"):
+        read_checkpoint(path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        read_checkpoint(tmp_path / "nope.pt")
+
+
+def test_weights_that_do_not_match_config(tmp_path):
+    model = make_model()
+    path = tmp_path / "m.pt"
+    save_checkpoint(path, model, {})
+    payload = torch.load(path, weights_only=True)
+    payload["config"]["hidden_size"] = 128
+    payload["config"]["intermediate_size"] = 64
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="do not match"):
+        load_checkpoint(path)
+    payload["config"]["variant"] = "warp-drive"
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="invalid config"):
+        load_checkpoint(path)
+

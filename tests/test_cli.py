@@ -1,0 +1,112 @@
+"""The CLI end to end: train/eval/demo, determinism, and bad input (one line, exit 2, no file)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO
+
+PSA = [sys.executable, "-m", "psa_edge.cli"]
+FAST = ["--task", "ih-safari", "--preset", "tiny", "--steps", "6", "--eval-every", "3",
+        "--batch-size", "8"]
+
+
+def run(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([*PSA, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train") / "m.pt"
+    result = run("train", "-o", out, *FAST)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_train_writes_checkpoint_metrics_curve_manifest(trained):
+    for suffix in (".metrics.jsonl", ".curve.png"):
+        assert trained.with_name("m" + suffix).stat().st_size > 0
+    rows = [json.loads(x) for x in trained.with_name("m.metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [3, 6]
+    manifest = json.loads(Path(f"{trained}.json").read_text())
+    assert manifest["variant"] == "key-only" and manifest["gamma_k"] == 0.8
+    assert "steps_to_90" in manifest["metadata"]["summary"]
+    assert torch.load(trained, weights_only=True)["metadata"]["command"].startswith("psa-edge train")
+
+
+def test_training_is_deterministic(trained, tmp_path):
+    again = tmp_path / "again.pt"
+    assert run("train", "-o", again, *FAST).returncode == 0
+    a = torch.load(trained, weights_only=True)["state_dict"]
+    b = torch.load(again, weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = tmp_path / "other.pt"
+    assert run("train", "-o", other, *FAST, "--seed", "1").returncode == 0
+    c = torch.load(other, weights_only=True)["state_dict"]
+    assert not torch.equal(a["lm_head.weight"], c["lm_head.weight"])
+
+
+def test_eval_json(trained):
+    result = run("eval", trained, "--json", "--samples", "64")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["task"] == "ih-safari" and 0 <= data["accuracy"] <= 1 and data["samples"] == 64
+
+
+def test_help_is_fast_and_torch_free():
+    code = ("import sys; from psa_edge.cli import app; "
+            "assert 'torch' not in sys.modules, 'cli imports torch'")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+    assert run("--help").returncode == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--preset", "psa-1b"], "unknown preset"),
+    (["--variant", "sideways"], "unknown variant"),
+    (["--task", "copying"], "unknown task"),
+    (["--variant", "baseline", "--gamma", "0.5"], "contradicts variant"),
+    (["--variant", "key-only", "--gamma", "0"], "contradicts variant"),
+])
+def test_train_bad_input(tmp_path, args, message):
+    out = tmp_path / "m.pt"
+    result = run("train", "-o", out, "--steps", "2", *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_train_unwritable_output(tmp_path):
+    result = run("train", "-o", tmp_path / "missing" / "m.pt", "--steps", "2")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: None, "does not exist"),
+    (lambda p: p.write_bytes(b"\x80\x04corrupt"), "not a readable"),
+    (lambda p: torch.save({"format": "other", "version": 1}, p), "format tag"),
+])
+def test_eval_bad_checkpoint(tmp_path, make, message):
+    path = tmp_path / "c.pt"
+    make(path)
+    result = run("eval", path)
+    assert result.returncode == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_eval_task_with_other_vocabulary(trained):
+    result = run("eval", trained, "--task", "mqar")
+    assert result.returncode == 2 and "vocabulary" in result.stderr
+
+
+def test_demo_on_shipped_model():
+    result = run("demo")
+    assert result.returncode == 0, result.stderr
+    assert "held-out" in result.stdout and "token-by-token" in result.stdout
