@@ -16,7 +16,7 @@ import typer
 
 from psa_edge.errors import EXIT_BAD_INPUT, PsaEdgeError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Train, check and ship small Phase Space Attention transformers.")
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "psa-default.pt"
@@ -67,6 +67,45 @@ def eval_cmd(
     typer.echo(f"{result['task']}: accuracy {result['accuracy']:.4f} "
                f"(last position {result['last_accuracy']:.4f}, chance {result['chance']:.4f}, "
                f"{result['samples']} held-out samples)")
+
+
+@app.command()
+def export(
+    checkpoint: Path = typer.Argument(..., help="model.pt"),
+    target: str = typer.Option("xnnpack", help="xnnpack, portable or onnx."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                          help="Artifact path (default: beside the checkpoint)."),
+    max_seq_len: Optional[int] = typer.Option(None, help="Longest sequence the artifact takes "
+                                              "(default: the model's max_position_embeddings)."),
+    twin: bool = typer.Option(False, "--twin", help="Export the gamma = 0 twin instead."),
+    form: str = typer.Option("explicit-state", help="explicit-state, or runner (ExecuTorch "
+                             "LLM-runner form with an in-program cache)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Export a checkpoint to ONNX or ExecuTorch, check parity, write artifact + manifest."""
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.export.report import print_summary
+
+    manifest = run_export(ExportRequest(checkpoint, target, output, max_seq_len, twin, form))
+    if as_json:
+        typer.echo(json.dumps(manifest, indent=2, sort_keys=True))
+    else:
+        print_summary(manifest)
+
+
+@app.command()
+def inspect(
+    artifact: Path = typer.Argument(..., help=".onnx or .pte with its manifest beside it"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Manifest, I/O signature, op histogram and delegation summary of an artifact."""
+    from psa_edge.export.report import inspect_artifact, print_inspection
+
+    info = inspect_artifact(artifact)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print_inspection(info)
 
 
 @app.command()

@@ -25,3 +25,15 @@ class CheckpointError(PsaEdgeError):
 
 class OutputError(PsaEdgeError):
     """An output path that cannot be written."""
+
+
+class ArtifactError(PsaEdgeError):
+    """Missing or unloadable artifact, or a manifest that does not match it."""
+
+
+class ExportError(PsaEdgeError):
+    """An export that cannot be done as asked, or whose parity check failed."""
+
+
+class SequenceError(PsaEdgeError):
+    """A token id outside the vocabulary or a sequence longer than the artifact allows."""

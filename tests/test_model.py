@@ -11,7 +11,7 @@ from conftest import make_model
 from psa_edge.errors import ConfigError
 from psa_edge.model import PRESETS, PSATransformer, count_parameters, preset_config
 from psa_edge.model.config import ModelConfig, gammas_for
-from psa_edge.model.ops import apply_rope, rope_cos_sin, shear
+from psa_edge.model.ops import apply_rope, causal_bias, rope_cos_sin, rope_inv_freq, shear
 
 VARIANTS = ("baseline", "key-only", "symmetric", "query-only")
 
@@ -43,7 +43,7 @@ def test_zero_initial_state():
 
 def test_rope_matches_pairwise_rotation():
     x = torch.randn(1, 1, 7, 16, dtype=torch.float64)
-    cos, sin = rope_cos_sin(torch.arange(7), 16, 10000.0)
+    cos, sin = rope_cos_sin(torch.arange(7), rope_inv_freq(16, 10000.0))
     ours = apply_rope(x, cos.double(), sin.double())[0, 0].numpy()
     assert np.allclose(ours, ref.rope(x[0, 0].numpy(), 10000.0), atol=1e-6)
 
@@ -78,15 +78,14 @@ def test_gamma_zero_is_plain_attention():
         xn = model.model.layers[0].input_layernorm(x)
         dh = model.cfg.head_dim
         heads = lambda t, n: t.view(2, 10, n, dh).transpose(1, 2)  # noqa: E731
-        cos, sin = rope_cos_sin(torch.arange(10), dh, 10000.0)
+        cos, sin = rope_cos_sin(torch.arange(10), rope_inv_freq(dh, 10000.0))
         q = apply_rope(heads(attn.q_proj(xn), 4), cos, sin)
         k = apply_rope(heads(attn.k_proj(xn), 2), cos, sin).repeat_interleave(2, 1)
         v = heads(attn.v_proj(xn), 2).repeat_interleave(2, 1)
         plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         plain = attn.o_proj(plain.transpose(1, 2).reshape(2, 10, -1))
         cache = model.empty_state(2)[0]
-        mask = torch.ones(10, 10, dtype=torch.bool).tril()
-        ours, _, _ = attn(xn, cos, sin, mask, cache)
+        ours, _, _ = attn(xn, cos, sin, causal_bias(torch.arange(10), 10), cache)
     assert torch.allclose(ours, plain, atol=1e-5)
 
 

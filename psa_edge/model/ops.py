@@ -1,8 +1,8 @@
 """Small pure tensor functions of the PSA transformer: RMSNorm, RoPE and the shear.
 
 Contract (SPEC §1-2):
-- `rope_cos_sin(positions, head_dim, theta)` gives the Hugging Face Llama tables for integer
-  positions; `apply_rope` uses the rotate-half convention.
+- `rope_cos_sin(positions, rope_inv_freq(head_dim, theta))` gives the Hugging Face Llama tables
+  for integer positions; `apply_rope` uses the rotate-half convention.
 - `shear(x, prev, gamma)` is the upper shear along the sequence axis (dim -2):
   `x^_t = x_t + gamma (x_t - x_{t-1})`, where `x_{-1}` of this chunk is `prev` (`[..., 1, d]`,
   zeros at the start of a sequence). It is written as Sub, Mul, Add so that every exporter lowers
@@ -20,9 +20,12 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(variance + eps) * weight
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+def rope_inv_freq(head_dim: int, theta: float) -> Tensor:
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
     """cos, sin of shape `[S, head_dim]` for integer positions `[S]`."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos(), emb.sin()
@@ -38,9 +41,20 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
+def causal_bias(positions: Tensor, key_len: int) -> Tensor:
+    """Additive mask `[S, key_len]`: 0 where key position <= query position, else -inf.
+
+    Built once per call and added to every layer's scores, so the per-layer attention
+    arithmetic is a plain Add that backends delegate (a boolean masked_fill is not)."""
+    visible = torch.arange(key_len, device=positions.device)[None, :] <= positions[:, None]
+    return torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+
+
 def previous(x: Tensor, prev: Tensor) -> Tensor:
     """The stream shifted one step back along dim -2, with `prev` in front: `x_{t-1}`."""
-    return torch.cat([prev, x[..., :-1, :]], dim=-2)
+    # Concatenate first, then drop the last row: slicing x to length S-1 first would make
+    # torch.export guard on S-1 != 1 and refuse a dynamic chunk length.
+    return torch.cat([prev, x], dim=-2)[..., :-1, :]
 
 
 def shear(x: Tensor, prev: Tensor, gamma: float) -> Tensor:

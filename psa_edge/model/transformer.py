@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from psa_edge.model.config import ModelConfig
-from psa_edge.model.ops import apply_rope, rms_norm, rope_cos_sin, shear
+from psa_edge.model.ops import (apply_rope, causal_bias, rms_norm, rope_cos_sin,
+                                rope_inv_freq, shear)
 
 LayerState = dict[str, Tensor]
 
@@ -55,37 +56,50 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         return x.view(b, s, n, self.cfg.head_dim).transpose(1, 2)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, past: LayerState
-                ) -> tuple[Tensor, LayerState, LayerState]:
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Raw post-RoPE query `[B, H, S, dh]`, key and value `[B, Hkv, S, dh]`."""
         cfg = self.cfg
         query = apply_rope(self._heads(self.q_proj(x), cfg.num_attention_heads), cos, sin)
         key = apply_rope(self._heads(self.k_proj(x), cfg.num_key_value_heads), cos, sin)
-        value = self._heads(self.v_proj(x), cfg.num_key_value_heads)
+        return query, key, self._heads(self.v_proj(x), cfg.num_key_value_heads)
 
-        new_state: LayerState = {}
-        raw: LayerState = {"key": key}
-        sheared_key = key
+    def shear_streams(self, query: Tensor, key: Tensor, prev_query: Tensor | None,
+                      prev_key: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The sheared query and key (SPEC §1); a stream with gamma = 0 passes unchanged."""
+        cfg = self.cfg
         if cfg.gamma_k != 0:
-            sheared_key = shear(key, past["prev_key"], cfg.gamma_k)
-            new_state["prev_key"] = key[:, :, -1:, :]
-        sheared_query = query
+            key = shear(key, prev_key, cfg.gamma_k)
         if cfg.gamma_q != 0:
-            sheared_query = shear(query, past["prev_query"], cfg.gamma_q)
-            new_state["prev_query"] = query[:, :, -1:, :]
-            raw["query"] = query
-        keys = torch.cat([past["key"], sheared_key], dim=2)
-        values = torch.cat([past["value"], value], dim=2)
-        new_state["key"], new_state["value"] = keys, values
+            query = shear(query, prev_query, cfg.gamma_q)
+        return query, key
 
+    def attend(self, query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+        """Causal softmax attention of sheared queries over cached sheared keys, then o_proj."""
+        cfg = self.cfg
         group = cfg.num_attention_heads // cfg.num_key_value_heads
         if group > 1:  # GQA: every query head of a group sees its KV head's sheared key
             keys = keys.repeat_interleave(group, dim=1)
             values = values.repeat_interleave(group, dim=1)
-        scores = sheared_query @ keys.transpose(-1, -2) / math.sqrt(cfg.head_dim)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = query @ keys.transpose(-1, -2) / math.sqrt(cfg.head_dim) + bias
         out = torch.softmax(scores, dim=-1) @ values
         b, _, s, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), new_state, raw
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, past: LayerState
+                ) -> tuple[Tensor, LayerState, LayerState]:
+        query, key, value = self.project(x, cos, sin)
+        sheared_query, sheared_key = self.shear_streams(query, key, past.get("prev_query"),
+                                                        past.get("prev_key"))
+        new_state: LayerState = {"key": torch.cat([past["key"], sheared_key], dim=2),
+                                 "value": torch.cat([past["value"], value], dim=2)}
+        raw: LayerState = {"key": key}
+        if self.cfg.gamma_k != 0:
+            new_state["prev_key"] = key[:, :, -1:, :]
+        if self.cfg.gamma_q != 0:
+            new_state["prev_query"] = query[:, :, -1:, :]
+            raw["query"] = query
+        out = self.attend(sheared_query, new_state["key"], new_state["value"], bias)
+        return out, new_state, raw
 
 
 class MLP(nn.Module):
@@ -107,8 +121,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, past):
-        attn_out, new_state, raw = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
+    def forward(self, x, cos, sin, bias, past):
+        attn_out, new_state, raw = self.self_attn(self.input_layernorm(x), cos, sin, bias, past)
         x = x + attn_out
         return x + self.mlp(self.post_attention_layernorm(x)), new_state, raw
 
@@ -127,6 +141,9 @@ class PSATransformer(nn.Module):
         self.cfg = cfg
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # Not in the state_dict (as in transformers): a constant of the config.
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta),
+                             persistent=False)
         self.apply(self._init_weights)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -157,14 +174,13 @@ class PSATransformer(nn.Module):
         past_len = state[0]["key"].shape[2]
         seq_len = input_ids.shape[1]
         positions = torch.arange(seq_len, device=input_ids.device) + past_len
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
-        key_positions = torch.arange(past_len + seq_len, device=input_ids.device)
-        mask = key_positions[None, :] <= positions[:, None]
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        bias = causal_bias(positions, past_len + seq_len)
 
         x = self.model.embed_tokens(input_ids)
         new_state, raws = [], []
         for layer, past in zip(self.model.layers, state):
-            x, layer_state, raw = layer(x, cos, sin, mask, past)
+            x, layer_state, raw = layer(x, cos, sin, bias, past)
             new_state.append(layer_state)
             raws.append(raw)
         return self.lm_head(self.model.norm(x)), new_state, raws

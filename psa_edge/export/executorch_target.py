@@ -1,0 +1,112 @@
+"""ExecuTorch targets: `.pte` programs for XNNPACK (delegated) and portable (no delegate).
+
+Contract:
+- `export_program(graph, inputs, shapes)` is torch.export (non-strict) of a graph form.
+- `to_edge(program, target)` runs `to_edge_transform_and_lower` with the XNNPACK partitioner
+  for `xnnpack` (none for `portable`); `lower_pte` serializes it and returns the program bytes
+  and a delegation report (`get_delegation_info`): delegated subgraphs, delegated fraction, and
+  every op left outside the delegate with its count.
+- `runner_metadata(cfg, max_seq_len)` are the constant methods ExecuTorch's LLM runner reads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from psa_edge.export.onnx_target import quiet
+from psa_edge.model.config import ModelConfig
+
+PTE_TARGETS = ("xnnpack", "portable")
+# Why an op stays outside XNNPACK, by op-name prefix (checked against the XNNPACK partitioner
+# configs of executorch 1.4.1). An op outside the delegate with no reason here is reported as
+# unexplained; the tests require there is none.
+WHY_OUTSIDE = {
+    "aten_embedding": "token lookup (gather): XNNPACK has no embedding op",
+    "aten_mean_dim": "RMSNorm's mean over the hidden dim: XNNPACK's mean.dim takes 4-D inputs "
+                     "only (global average pooling)",
+    "aten_slice_copy": "sequence shift of the shear, RoPE halves, last-position slots: XNNPACK "
+                       "refuses slices of tensors with a dynamic dim",
+    "aten_cat": "concatenation onto a dynamic-length cache",
+    "aten_arange": "positions and the causal mask, built once per call",
+    "aten_le": "causal mask, once per call",
+    "aten_bitwise_not": "causal mask, once per call",
+    "aten_where": "causal mask to additive bias, once per call",
+    "aten_full": "causal mask to additive bias, once per call",
+    "aten_add_tensor": "start position + arange (int64 positions), once per call",
+    "aten_index_copy": "writing the static cache at input_pos (runner form)",
+    "aten_index_put": "writing the static cache at input_pos (runner form)",
+    "aten_copy": "updating the previous-key slot buffer (runner form)",
+    "aten_gt": "input_pos > 0 test of the zero boundary (runner form)",
+    "aten__to_copy": "dtype cast of positions, once per call",
+    "aten_view": "reshape (no data movement)",
+    "aten_unsqueeze": "reshape (no data movement)",
+    "aten_squeeze": "reshape (no data movement)",
+    "aten_expand": "broadcast view",
+    "aten_permute": "layout change between delegate calls",
+    "aten_clone": "copy between delegate calls",
+    "dim_order_ops": "memory-format conversion between delegate calls",
+    "getitem": "graph plumbing (tuple outputs)",
+    "sym_size": "symbolic shape read (dynamic dims)",
+    "add": "symbolic shape arithmetic (dynamic dims)",
+    "scalar_tensor": "constant scalar",
+}
+
+
+def why_outside(op: str) -> str | None:
+    return next((why for prefix, why in WHY_OUTSIDE.items() if op.startswith(prefix)), None)
+
+
+def export_program(graph: torch.nn.Module, inputs: tuple, shapes) -> torch.export.ExportedProgram:
+    with quiet(), torch.no_grad():
+        return torch.export.export(graph, inputs, dynamic_shapes=shapes, strict=False)
+
+
+def runner_metadata(cfg: ModelConfig, max_seq_len: int) -> dict:
+    # The induction vocabularies have no end-of-sequence token. Without get_eos_ids the runner
+    # would take the tokenizer's default (id 0) and stop on an ordinary token, so an id no
+    # model emits (vocab_size) stands in.
+    eos = cfg.eos_token_id if cfg.eos_token_id is not None else cfg.vocab_size
+    return {"get_max_seq_len": max_seq_len, "get_max_context_len": max_seq_len,
+            "get_vocab_size": cfg.vocab_size, "use_kv_cache": True,
+            "enable_dynamic_shape": True,
+            "get_bos_id": cfg.bos_token_id if cfg.bos_token_id is not None else 0,
+            "get_eos_ids": [eos]}
+
+
+def to_edge(program: torch.export.ExportedProgram, target: str,
+            constant_methods: dict | None = None):
+    """The EdgeProgramManager: XNNPACK-partitioned for `xnnpack`, plain edge ops for portable."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    partitioners = []
+    if target == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioners = [XnnpackPartitioner()]
+    with quiet():
+        return to_edge_transform_and_lower(
+            program, partitioner=partitioners, constant_methods=constant_methods,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False))
+
+
+def lower_pte(program: torch.export.ExportedProgram, target: str,
+              constant_methods: dict | None = None) -> tuple[bytes, dict]:
+    from executorch.devtools.backend_debug import get_delegation_info
+
+    edge = to_edge(program, target, constant_methods)
+    info = get_delegation_info(edge.exported_program().graph_module)
+    with quiet():
+        buffer = edge.to_executorch().buffer
+    return buffer, delegation_report(info, target)
+
+
+def delegation_report(info, target: str) -> dict:
+    outside = {b.op_type: b.non_delegated for b in info.delegation_by_operator.values()
+               if b.non_delegated}
+    delegated, left = info.num_delegated_nodes, info.num_non_delegated_nodes
+    return {"backend": "XnnpackBackend" if target == "xnnpack" else None,
+            "delegated_subgraphs": info.num_delegated_subgraphs,
+            "delegated_nodes": delegated, "non_delegated_nodes": left,
+            "delegated_fraction": round(delegated / max(1, delegated + left), 4),
+            "ops_outside_delegate": {op: {"count": n, "why": why_outside(op)}
+                                     for op, n in sorted(outside.items())}}

@@ -1,0 +1,64 @@
+"""ONNX target: the explicit-state graph through torch.onnx's dynamo exporter (opset 18+).
+
+Contract: `export_onnx_program(model, max_seq_len)` gives the ONNX program with the I/O names of
+`graphs.input_names/output_names`, dynamic `seq_len` (>= 1) and `past_len` (>= 0, an empty past
+works); `serialize_onnx` checks it with `onnx.checker.check_model(full_check=True)` and returns
+single-file model bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from psa_edge.errors import ExportError
+from psa_edge.export.graphs import (ExplicitStateGraph, dynamic_shapes, example_inputs,
+                                    input_names, output_names)
+from psa_edge.model.transformer import PSATransformer
+
+
+@contextlib.contextmanager
+def quiet():
+    """The exporters print progress and warnings of their own; keep the CLI's output ours."""
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def export_onnx_program(model: PSATransformer, max_seq_len: int):
+    """The explicit-state graph as a torch.onnx ONNXProgram (dynamo exporter, optimized)."""
+    cfg = model.cfg
+    graph = ExplicitStateGraph(model).eval()
+    # Example sizes 3 and 4: torch.export specialises dims whose example size is 0 or 1.
+    with quiet(), torch.no_grad():
+        return torch.onnx.export(
+            graph, example_inputs(cfg, 3, 4), dynamic_shapes=dynamic_shapes(cfg, max_seq_len),
+            input_names=input_names(cfg), output_names=output_names(cfg), dynamo=True,
+            optimize=True, verbose=False)
+
+
+def serialize_onnx(program) -> bytes:
+    """Single-file model bytes, after `onnx.checker.check_model(full_check=True)`."""
+    import onnx
+
+    proto = program.model_proto
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"exported ONNX graph fails onnx.checker: {str(exc).splitlines()[0]}")
+    return proto.SerializeToString()
+
+
+def onnx_op_histogram(path: Path) -> dict[str, int]:
+    import onnx
+
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path)).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))

@@ -1,0 +1,123 @@
+"""Export summary and `psa-edge inspect`: manifest, I/O signature, op histogram, delegation.
+
+Contract: `inspect_artifact(path)` reads the artifact itself (the ONNX graph, or the `.pte`
+flatbuffer's execution plan) as well as its manifest, and refuses an artifact whose manifest does
+not match it. ONNX: ops are node types. `.pte`: ops are the kernels the plan calls outside any
+delegate plus one `delegate:<backend>` entry per delegate call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from psa_edge.runtime.graph import read_manifest
+
+
+def onnx_signature(path: Path) -> tuple[list[dict], dict[str, int]]:
+    import onnx
+
+    model = onnx.load(str(path))
+
+    def describe(value, kind):
+        dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+        return {"kind": kind, "name": value.name, "shape": dims, "dtype": dtype}
+
+    io = ([describe(v, "input") for v in model.graph.input]
+          + [describe(v, "output") for v in model.graph.output])
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return io, dict(sorted(ops.items()))
+
+
+def pte_signature(path: Path) -> tuple[list[dict], dict[str, int]]:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(path.read_bytes())
+    program = getattr(program, "program", program)
+    plan = next(p for p in program.execution_plan if p.name == "forward")
+    io = []
+    for kind, indices in (("input", plan.inputs), ("output", plan.outputs)):
+        for index in indices:
+            tensor = plan.values[index].val
+            sizes = list(getattr(tensor, "sizes", []))
+            dtype = getattr(getattr(tensor, "scalar_type", None), "name", "?")
+            io.append({"kind": kind, "name": f"#{index}", "shape": sizes, "dtype": dtype.lower()})
+    ops: dict[str, int] = {}
+    for chain in plan.chains:
+        for instruction in chain.instructions:
+            args = instruction.instr_args
+            if hasattr(args, "op_index"):
+                op = plan.operators[args.op_index]
+                name = op.name + (f".{op.overload}" if op.overload else "")
+            elif hasattr(args, "delegate_index"):
+                name = f"delegate:{plan.delegates[args.delegate_index].id}"
+            else:
+                continue
+            ops[name] = ops.get(name, 0) + 1
+    return io, dict(sorted(ops.items()))
+
+
+def inspect_artifact(path: str | Path) -> dict:
+    path = Path(path)
+    manifest = read_manifest(path)
+    io, ops = (onnx_signature(path) if manifest["target"] == "onnx" else pte_signature(path))
+    # .pte values are unnamed; the manifest names them in order (ONNX: the same names).
+    for entry, name in zip(io, manifest["io"]["inputs"] + manifest["io"]["outputs"]):
+        entry["name"] = name
+    return {"artifact": str(path), "manifest": manifest, "io": io, "ops": ops,
+            "delegation": manifest.get("delegation")}
+
+
+def print_summary(manifest: dict) -> None:
+    console = Console(soft_wrap=True)
+    parity = manifest["parity"]
+    errors = parity["max_abs_logit_error"]
+    console.print(f"wrote [bold]{manifest['artifact']}[/] ({manifest['size_bytes'] / 1e6:.2f} MB, "
+                  f"{manifest['target']}, {manifest['form']}, {manifest['variant']} "
+                  f"gamma_k={manifest['gamma_k']} gamma_q={manifest['gamma_q']}, "
+                  f"max_seq_len {manifest['max_seq_len']}) in {manifest['export_seconds']} s")
+    console.print(f"parity vs eager fp32 on a {parity['probe_len']}-token probe: all at once "
+                  f"{errors['all_at_once']:.2e}, token by token {errors['token_by_token']:.2e} "
+                  f"(tolerance {parity['tolerance']:.2e}) -> "
+                  f"{'PASS' if parity['passed'] else 'FAIL'}")
+    if manifest.get("delegation"):
+        print_delegation(console, manifest["delegation"])
+
+
+def print_delegation(console: Console, d: dict) -> None:
+    console.print(f"delegation: {d['delegated_subgraphs']} {d['backend']} subgraph(s), "
+                  f"{d['delegated_nodes']} of {d['delegated_nodes'] + d['non_delegated_nodes']} "
+                  f"nodes delegated ({100 * d['delegated_fraction']:.1f}%)")
+    if d["ops_outside_delegate"]:
+        table = Table("op outside the delegate", "count", "why")
+        for op, entry in d["ops_outside_delegate"].items():
+            table.add_row(op, str(entry["count"]), entry["why"] or "[red]unexplained[/]")
+        console.print(table)
+
+
+def print_inspection(info: dict) -> None:
+    console = Console(soft_wrap=True)
+    m = info["manifest"]
+    head = Table(title=f"{Path(info['artifact']).name}", show_header=False)
+    for key in ("target", "form", "variant", "gamma_q", "gamma_k", "twin", "max_seq_len",
+                "quantization", "size_bytes"):
+        head.add_row(key, str(m.get(key)))
+    head.add_row("source checkpoint", f"{m['source_checkpoint']['checkpoint']} "
+                 f"(sha256 {m['source_checkpoint']['sha256'][:12]}...)")
+    head.add_row("parity max abs err", str(m["parity"]["max_abs_logit_error"]))
+    console.print(head)
+    io = Table("kind", "name", "shape", "dtype", title="I/O signature")
+    for e in info["io"]:
+        io.add_row(e["kind"], e["name"], str(e["shape"]), e["dtype"])
+    console.print(io)
+    ops = Table("op", "count", title="op histogram")
+    for op, count in info["ops"].items():
+        ops.add_row(op, str(count))
+    console.print(ops)
+    if info["delegation"]:
+        print_delegation(console, info["delegation"])

@@ -1,0 +1,318 @@
+"""Export (SPEC §2-3, §7): every target against eager, the shear in the graphs, twin parity,
+ExecuTorch's own TextLLMRunner, inspect, and bad input. Artifacts are exported once a session."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from conftest import REPO, make_model
+from psa_edge.errors import ArtifactError, ExportError
+from psa_edge.export import parity
+from psa_edge.export.pipeline import ExportRequest, export, run_export, transform
+from psa_edge.model.checkpoint import save_checkpoint
+from psa_edge.runtime.decode import decode_chunks
+from psa_edge.runtime.graph import open_graph
+
+MAX_LEN = 48
+CASES = {  # name -> (variant, target, twin, form)
+    "onnx": ("symmetric", "onnx", False, "explicit-state"),
+    "onnx-twin": ("symmetric", "onnx", True, "explicit-state"),
+    "xnnpack": ("symmetric", "xnnpack", False, "explicit-state"),
+    "xnnpack-twin": ("symmetric", "xnnpack", True, "explicit-state"),
+    "portable": ("key-only", "portable", False, "explicit-state"),
+    "runner": ("key-only", "xnnpack", False, "runner"),
+}
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    out = {}
+    for variant in ("symmetric", "key-only"):
+        # GQA (4 query heads over 2 KV heads) and 2 layers, so the I/O carries both.
+        model = make_model(variant, num_attention_heads=4, num_key_value_heads=2,
+                           num_hidden_layers=2)
+        out[variant] = root / f"{variant}.pt"
+        save_checkpoint(out[variant], model, {"task": {"name": "ih-sht", "params": {
+            "seq_len": 64, "alphabet": 64}}})
+    return out
+
+
+@pytest.fixture(scope="session")
+def artifacts(checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("artifacts")
+    out = {}
+    for name, (variant, target, twin, form) in CASES.items():
+        suffix = ".onnx" if target == "onnx" else ".pte"
+        path = root / f"{name}{suffix}"
+        run_export(ExportRequest(checkpoints[variant], target, path, MAX_LEN, twin, form))
+        out[name] = path
+    return out
+
+
+def eager(checkpoints, name):
+    variant, _, twin, _ = CASES[name]
+    from psa_edge.model.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(checkpoints[variant])
+    return transform(model, ExportRequest(checkpoints[variant], "onnx", twin=twin))
+
+
+@pytest.mark.parametrize("name", ["onnx", "onnx-twin", "xnnpack", "xnnpack-twin", "portable"])
+def test_artifact_matches_eager_under_random_chunkings(artifacts, checkpoints, name):
+    graph = open_graph(artifacts[name])
+    model = eager(checkpoints, name)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 64, size=40)
+    expected = parity.reference_logits(model, tokens)
+    tol = 1e-4 * max(1.0, np.abs(expected).max())
+    for _ in range(3):
+        cuts = np.sort(rng.choice(np.arange(1, 40), size=rng.integers(1, 8), replace=False))
+        chunks = np.diff(np.concatenate([[0], cuts, [40]])).tolist()
+        logits, state = decode_chunks(graph, tokens, chunks)
+        assert np.abs(logits - expected).max() <= tol, chunks
+    for chunks in ([40], [1] * 40):
+        assert np.abs(decode_chunks(graph, tokens, chunks)[0] - expected).max() <= tol
+    # The previous-key slot after the sequence is the RAW key of its last position.
+    if "prev_key" in graph.spec.state_fields:
+        with torch.no_grad():
+            _, _, raw = model.forward_with_state(torch.from_numpy(tokens)[None],
+                                                 model.empty_state(1))
+        assert np.allclose(state["1.prev_key"], raw[1]["key"][:, :, -1:].numpy(), atol=1e-5)
+
+
+def test_manifest_records_parity_and_provenance(artifacts, checkpoints):
+    m = json.loads(open(f"{artifacts['xnnpack']}.json").read())
+    from psa_edge.io import sha256_file
+
+    assert m["source_checkpoint"]["sha256"] == sha256_file(checkpoints["symmetric"])
+    assert m["parity"]["passed"] and m["parity"]["max_abs_logit_error"]["token_by_token"] < 1e-4
+    assert m["artifact_sha256"] == sha256_file(artifacts["xnnpack"])
+    assert m["versions"]["executorch"] == "1.4.1" and m["versions"]["torch"].startswith("2.13")
+    assert m["gamma_q"] == m["gamma_k"] == 0.8 and m["variant"] == "symmetric"
+    assert json.loads(open(f"{artifacts['xnnpack-twin']}.json").read())["gamma_k"] == 0.0
+
+
+def onnx_shears(path):
+    """(stream, gamma) for every Sub -> Mul(gamma) -> Add pattern fed by a RoPE output and the
+    sequence shift of that same output behind its carried-in slot."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant":
+            constants[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+
+    def ancestors(name, seen=None):
+        seen = set() if seen is None else seen
+        node = producer.get(name)
+        if node is None or node.name in seen:
+            return seen
+        seen.add(node.name)
+        for i in node.input:
+            ancestors(i, seen)
+        return seen
+
+    types = {n.name: n.op_type for n in graph.node}
+    found = []
+    for sub in (n for n in graph.node if n.op_type == "Sub"):
+        stream, shifted = sub.input
+        rope_types = {types[a] for a in ancestors(stream)}
+        shift = producer.get(shifted)
+        if not ({"Cos", "Sin"} <= rope_types and shift is not None and shift.op_type == "Slice"):
+            continue
+        concat = producer[shift.input[0]]
+        slot = [i for i in concat.input if i.startswith("past_key_values.")]
+        assert concat.op_type == "Concat" and stream in concat.input and len(slot) == 1
+        for mul in (c for c in consumers[sub.output[0]] if c.op_type == "Mul"):
+            gamma = [float(constants[i]) for i in mul.input if i in constants]
+            adds = [c for c in consumers[mul.output[0]] if c.op_type == "Add"
+                    and stream in c.input]
+            if gamma and adds:
+                found.append((slot[0].rsplit(".", 1)[1], round(gamma[0], 6)))
+    return sorted(found)
+
+
+def test_onnx_graph_has_shear_as_sub_mul_add_after_rope(artifacts):
+    assert onnx_shears(artifacts["onnx"]) == sorted(
+        [("prev_key", 0.8), ("prev_query", 0.8)] * 2)
+    assert onnx_shears(artifacts["onnx-twin"]) == []
+    ops = {n.op_type for n in onnx.load(str(artifacts["onnx"])).graph.node}
+    assert not ops - {"Add", "Cast", "Concat", "Cos", "Div", "Equal", "Expand", "Gather",
+                      "LessOrEqual", "MatMul", "Mul", "Neg", "Not", "Pow", "Range", "Reciprocal",
+                      "ReduceMean", "Reshape", "Shape", "Sigmoid", "Sin", "Slice", "Softmax",
+                      "Sqrt", "Squeeze", "Sub", "Transpose", "Unsqueeze", "Where",
+                      "ConstantOfShape", "Constant"}, "unexpected (custom?) op in the graph"
+
+
+def test_onnx_checker_full_and_empty_past(artifacts):
+    onnx.checker.check_model(onnx.load(str(artifacts["onnx"])), full_check=True)
+    graph = open_graph(artifacts["onnx"])
+    logits, state = decode_chunks(graph, np.array([1, 2, 3]), [3])  # P = 0 first call
+    assert logits.shape == (3, 64) and state["0.key"].shape == (1, 2, 3, 16)
+    names = [i.name for i in onnx.load(str(artifacts["onnx"])).graph.input]
+    assert names[:5] == ["input_ids", "past_key_values.0.key", "past_key_values.0.value",
+                         "past_key_values.0.prev_key", "past_key_values.0.prev_query"]
+
+
+def edge_shears(checkpoint, variant, target):
+    """Sub -> Mul(gamma) -> Add chains downstream of cos/sin in the ExecuTorch edge graph, and
+    whether each sits inside the XNNPACK delegate."""
+    from psa_edge.export.executorch_target import to_edge
+    from psa_edge.model.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(checkpoint)
+    req = ExportRequest(checkpoint, target, max_seq_len=MAX_LEN)
+    edge = to_edge(export(transform(model, req), req), target)
+    gm = edge.exported_program().graph_module
+    if target == "xnnpack":  # the partitioned graph: look inside each delegate's original graph
+        from executorch.exir.lowered_backend_module import get_lowered_submodules
+
+        graphs = [(True, lowered.original_module.graph)
+                  for _, lowered, _ in get_lowered_submodules(gm)] + [(False, gm.graph)]
+    else:
+        graphs = [(False, gm.graph)]
+    found, outside_arith = [], []
+    for delegated, graph in graphs:
+        for node in graph.nodes:
+            name = str(node.target)
+            if not delegated and any(op in name for op in ("linear", "bmm", "softmax", "sub",
+                                                           "mul.Tensor", "add.Tensor")):
+                if node.meta["val"].dtype != torch.int64:  # int64 position arithmetic is fine
+                    outside_arith.append(name)
+            if "sub.Tensor" not in name:
+                continue
+            users = [u for u in node.users if "mul.Tensor" in str(u.target)]
+            for mul in users:
+                if any("add.Tensor" in str(a.target) for a in mul.users):
+                    found.append(delegated)
+    return found, outside_arith
+
+
+@pytest.mark.parametrize("target", ["portable", "xnnpack"])
+def test_edge_graph_has_shear_and_xnnpack_delegates_it(checkpoints, target):
+    found, outside = edge_shears(checkpoints["symmetric"], "symmetric", target)
+    assert len(found) == 4  # 2 layers x (query, key)
+    if target == "xnnpack":
+        assert all(found), "a shear op was left outside the XNNPACK delegate"
+        assert outside == [], f"float arithmetic outside the delegate: {outside}"
+
+
+def test_delegation_report_explains_every_op_outside(artifacts):
+    d = json.loads(open(f"{artifacts['xnnpack']}.json").read())["delegation"]
+    assert d["delegated_subgraphs"] >= 1 and 0 < d["delegated_fraction"] < 1
+    assert all(entry["why"] for entry in d["ops_outside_delegate"].values())
+    for op in d["ops_outside_delegate"]:
+        assert not any(k in op for k in ("linear", "bmm", "softmax", "sub", "mul"))
+
+
+@pytest.mark.parametrize("psa,twin", [("onnx", "onnx-twin"), ("xnnpack", "xnnpack-twin")])
+def test_cache_tensors_match_twin(artifacts, psa, twin):
+    tokens = np.arange(10) % 64
+    _, s_psa = decode_chunks(open_graph(artifacts[psa]), tokens, [4, 6])
+    _, s_twin = decode_chunks(open_graph(artifacts[twin]), tokens, [4, 6])
+    for layer in range(2):
+        for f in ("key", "value"):
+            a, b = s_psa[f"{layer}.{f}"], s_twin[f"{layer}.{f}"]
+            assert a.shape == b.shape and a.dtype == b.dtype
+    assert set(s_psa) - set(s_twin) == {"0.prev_key", "1.prev_key", "0.prev_query",
+                                        "1.prev_query"}
+
+
+def test_stock_text_llm_runner_matches_eager_greedy(artifacts, checkpoints):
+    """ExecuTorch's own TextLLMRunner (the runner of its Android/iOS apps) on the runner-form
+    .pte and the shipped tokenizer: greedy tokens equal the eager reference's."""
+    script = f"""
+import json, sys
+from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+runner = TextLLMRunner({str(artifacts['runner'])!r}, {str(artifacts['runner'].with_name('runner.tokenizer.json'))!r})
+pieces = []
+runner.generate(sys.argv[1], GenerationConfig(echo=False, max_new_tokens=20, temperature=0.0),
+                token_callback=pieces.append)
+print(json.dumps(pieces))
+"""
+    from psa_edge.tokenizer import decode, encode
+
+    prompt = [5, 9, 33, 5, 9, 2, 60, 41]
+    result = subprocess.run([sys.executable, "-c", script, decode(prompt)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    generated = encode("".join(json.loads(result.stdout.strip().splitlines()[-1])), 64)
+    model = eager(checkpoints, "runner")
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(20):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert generated == ids[len(prompt):]
+
+
+def cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable", "runner"])
+def test_inspect(artifacts, name):
+    result = cli("inspect", artifacts[name], "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["manifest"]["target"] == CASES[name][1]
+    assert info["io"][0]["name"] in ("input_ids", "tokens") and info["ops"]
+    if name == "xnnpack":
+        assert any(op.startswith("delegate:Xnnpack") for op in info["ops"])
+        assert info["delegation"]["delegated_subgraphs"] >= 1
+    if name == "onnx":
+        assert info["ops"]["Sub"] >= 4
+
+
+def test_inspect_refuses_mismatched_manifest(artifacts, tmp_path):
+    copy = tmp_path / "x.onnx"
+    copy.write_bytes(artifacts["onnx"].read_bytes() + b"tampered")
+    (tmp_path / "x.onnx.json").write_text(open(f"{artifacts['onnx']}.json").read())
+    result = cli("inspect", copy)
+    assert result.returncode == 2 and "does not match" in result.stderr
+    with pytest.raises(ArtifactError):
+        open_graph(copy)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--target", "tflite"], "unknown target"),
+    (["--max-seq-len", "8"], "below the parity probe length"),
+    (["--target", "onnx", "--form", "runner"], "runner form"),
+])
+def test_export_bad_input(checkpoints, tmp_path, args, message):
+    out = tmp_path / "out.pte"
+    result = cli("export", checkpoints["key-only"], "-o", out, *args)
+    assert result.returncode == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
+
+
+def test_export_unreadable_checkpoint_and_unwritable_output(checkpoints, tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    result = cli("export", bad, "-o", tmp_path / "a.pte")
+    assert result.returncode == 2 and "not a readable" in result.stderr
+    result = cli("export", checkpoints["key-only"], "-o", tmp_path / "no" / "a.pte")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["bad.pt"]
+
+
+def test_failed_parity_leaves_nothing(checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(parity, "FP32_RTOL", 0.0)  # fp32 rounding alone now fails the probe
+    out = tmp_path / "m.onnx"
+    with pytest.raises(ExportError, match="parity check failed"):
+        run_export(ExportRequest(checkpoints["symmetric"], "onnx", out, MAX_LEN))
+    assert os.listdir(tmp_path) == []
