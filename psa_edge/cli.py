@@ -109,6 +109,27 @@ def inspect(
 
 
 @app.command()
+def certify(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Executable certificates of the paper's operator-level claims; exit 1 if one fails."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from psa_edge.certify import run_all
+
+    results = [c.to_dict() for c in run_all()]
+    if as_json:
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        table = Table("certificate", "claim", "residual", "tolerance", "result")
+        for c in results:
+            table.add_row(c["name"], c["claim"], f"{c['residual']:.2e}", f"{c['tolerance']:.0e}",
+                          "[green]PASS[/]" if c["passed"] else "[red]FAIL[/]")
+        Console(soft_wrap=True).print(table)
+    if not all(c["passed"] for c in results):
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(
     checkpoint: Path = typer.Option(DEFAULT_MODEL, help="Checkpoint to walk through."),
 ) -> None:

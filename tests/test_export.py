@@ -88,6 +88,25 @@ def test_artifact_matches_eager_under_random_chunkings(artifacts, checkpoints, n
         assert np.allclose(state["1.prev_key"], raw[1]["key"][:, :, -1:].numpy(), atol=1e-5)
 
 
+def test_runner_form_matches_eager_under_random_chunkings(artifacts, checkpoints):
+    model = eager(checkpoints, "runner")
+    tokens = np.random.default_rng(1).integers(0, 64, size=30)
+    expected = parity.reference_logits(model, tokens)
+    tol = 1e-4 * max(1.0, np.abs(expected).max())
+    for chunks in ([30], [7, 1, 12, 10], [1] * 30):
+        got = parity.runner_logits(artifacts["runner"], tokens, chunks)
+        assert np.abs(got - expected).max() <= tol
+    # A new sequence at input_pos 0 in the same loaded program starts from the zero state,
+    # although the slot buffer still holds the previous sequence's last key.
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(artifacts["runner"])).load_method("forward")
+    pos = lambda p: torch.tensor([p], dtype=torch.long)  # noqa: E731
+    method.execute([torch.from_numpy(tokens[::-1].copy())[None], pos(0)])
+    again = method.execute([torch.from_numpy(tokens)[None], pos(0)])[0][0].numpy()
+    assert np.abs(again - expected).max() <= tol
+
+
 def test_manifest_records_parity_and_provenance(artifacts, checkpoints):
     m = json.loads(open(f"{artifacts['xnnpack']}.json").read())
     from psa_edge.io import sha256_file
@@ -316,3 +335,25 @@ def test_failed_parity_leaves_nothing(checkpoints, tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="parity check failed"):
         run_export(ExportRequest(checkpoints["symmetric"], "onnx", out, MAX_LEN))
     assert os.listdir(tmp_path) == []
+
+
+def test_onnx_runtime_path_works_without_torch(artifacts):
+    """The device path (psa_edge.runtime on an .onnx) runs with torch made unimportable."""
+    script = f"""
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, NoTorch())
+import numpy as np
+from psa_edge.runtime.decode import decode_chunks
+from psa_edge.runtime.graph import open_graph
+logits, _ = decode_chunks(open_graph({str(artifacts['onnx'])!r}), np.arange(12) % 64, [5, 7])
+assert logits.shape == (12, 64) and "torch" not in sys.modules
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-1500:]

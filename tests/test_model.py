@@ -188,3 +188,11 @@ def test_cache_shapes_equal_twin():
         for name in ("key", "value"):
             assert a[name].shape == b[name].shape and a[name].dtype == b[name].dtype
     assert set(s_psa[0]) - set(s_twin[0]) == {"prev_key", "prev_query"}
+
+
+def test_tied_embeddings_share_one_matrix():
+    untied = PSATransformer(preset_config("tiny"))
+    tied = PSATransformer(preset_config("tiny", tie_word_embeddings=True))
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    assert count_parameters(untied) - count_parameters(tied) == 64 * 64
+    assert "lm_head.weight" in tied.state_dict()  # as LlamaForCausalLM's state_dict has it

@@ -36,6 +36,10 @@ TASK_SETTINGS = {  # task -> TrainSpec fields shared by its runs
 }
 
 
+ACCURACY = {"ih-safari": "at the final trigger",
+            "ih-sht": "over every position whose token occurred before"}
+
+
 def run_one(job: tuple[str, str, int, int]) -> dict:
     import torch
 
@@ -72,23 +76,40 @@ def fmt_steps(values: list) -> str:
     return text
 
 
+def mean_std(values: list[float]) -> str:
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {spread:.3f}"
+
+
 def table(results: dict) -> str:
     lines = []
     for task, settings in TASK_SETTINGS.items():
         chance = next(iter(results[task].values()))[0]["chance"]
         lines += [f"**{task}** (preset `{settings['preset']}`, {settings['steps']} steps, "
-                  f"batch {settings['batch_size']}, lr {settings['lr']}, held-out accuracy, "
-                  f"chance {chance:.3f}; mean ± std over seeds {', '.join(map(str, SEEDS))})", "",
-                  "| model | accuracy | per seed | steps to 0.9 |", "|---|---|---|---|"]
+                  f"batch {settings['batch_size']}, lr {settings['lr']}, held-out accuracy "
+                  f"({ACCURACY[task]}), chance {chance:.3f}; mean ± std over seeds "
+                  f"{', '.join(map(str, SEEDS))})", "",
+                  "| model | accuracy | per seed | last position | steps to 0.9 |",
+                  "|---|---|---|---|---|"]
         for label, variant, layers in ROWS:
             runs = results[task][(variant, layers)]
             acc = [r["accuracy"] for r in runs]
-            spread = statistics.stdev(acc) if len(acc) > 1 else 0.0
-            lines.append(f"| {label} | {statistics.mean(acc):.3f} ± {spread:.3f} | "
-                         f"{' / '.join(f'{a:.3f}' for a in acc)} | "
-                         f"{fmt_steps([r['steps_to_90'] for r in runs])} |")
+            last = [r["last_accuracy"] for r in runs]
+            lines.append(f"| {label} | {mean_std(acc)} | {' / '.join(f'{a:.3f}' for a in acc)} | "
+                         f"{mean_std(last)} | {fmt_steps([r['steps_to_90'] for r in runs])} |")
         lines.append("")
-    return "\n".join(lines)
+    lines += ["Checks of the foundation issue, computed from the runs above:", ""]
+    for task in TASK_SETTINGS:
+        rows = results[task]
+        chance = rows[("baseline", 1)][0]["chance"]
+        key_only = min(r["accuracy"] for r in rows[("key-only", 1)])
+        controls = max(r["accuracy"] for v in ("baseline", "query-only") for r in rows[(v, 1)])
+        lines.append(f"- {task}: key-only >= 0.95 on every seed: "
+                     f"{'yes' if key_only >= 0.95 else 'NO'} (lowest {key_only:.3f}); 1-layer "
+                     f"baseline and query-only within 5 points of chance on every seed: "
+                     f"{'yes' if controls <= chance + 0.05 else 'NO'} (highest {controls:.3f}, "
+                     f"chance {chance:.3f}).")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
