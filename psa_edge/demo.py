@@ -22,7 +22,7 @@ def run_demo(checkpoint: Path) -> None:
     from psa_edge.tasks import IGNORE, task_from_dict
     from psa_edge.train.trainer import evaluate
 
-    console = Console()
+    console = Console(soft_wrap=True)
     model, metadata = load_checkpoint(checkpoint)
     cfg, task = model.cfg, task_from_dict(metadata["task"])
     info = Table(title=f"1. checkpoint {checkpoint.name}", show_header=False)
@@ -72,18 +72,18 @@ def export_step(console: Console, checkpoint: Path, tokens, reference) -> None:
     from psa_edge.runtime.graph import open_graph
 
     with tempfile.TemporaryDirectory() as tmp:
-        for target, name in (("onnx", "model.onnx"), ("xnnpack", "model.xnnpack.pte")):
+        for step, target, name in ((5, "onnx", "model.onnx"), (6, "xnnpack", "model.xnnpack.pte")):
             m = run_export(ExportRequest(checkpoint, target, Path(tmp) / name))
             err = max(m["parity"]["max_abs_logit_error"].values())
             extra = ""
             if m["delegation"]:
                 extra = (f", {m['delegation']['delegated_subgraphs']} XNNPACK subgraphs "
                          f"({100 * m['delegation']['delegated_fraction']:.0f}% of nodes)")
-            console.print(f"5. psa-edge export --target {target}: {m['size_bytes'] / 1e6:.2f} MB "
+            console.print(f"{step}. psa-edge export --target {target}: {m['size_bytes'] / 1e6:.2f} MB "
                           f"in {m['export_seconds']} s, parity probe max |dlogit| {err:.1e}"
                           f"{extra}")
         graph = open_graph(Path(tmp) / "model.onnx")
         logits, _ = decode_chunks(graph, tokens, [1] * len(tokens))
-        console.print(f"6. ONNX Runtime, token by token over the {len(tokens)}-token example: "
+        console.print(f"7. ONNX Runtime, token by token over the {len(tokens)}-token example: "
                       f"max |dlogit| vs eager {np.abs(logits - reference).max():.2e}, "
                       f"prediction {int(logits[-1].argmax())}")

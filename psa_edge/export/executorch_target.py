@@ -41,7 +41,7 @@ WHY_OUTSIDE = {
     "aten_view": "reshape (no data movement)",
     "aten_unsqueeze": "reshape (no data movement)",
     "aten_squeeze": "reshape (no data movement)",
-    "aten_expand": "broadcast view",
+    "aten_expand": "broadcast copy (expand), no arithmetic",
     "aten_permute": "layout change between delegate calls",
     "aten_clone": "copy between delegate calls",
     "dim_order_ops": "memory-format conversion between delegate calls",

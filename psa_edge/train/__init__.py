@@ -1,0 +1,1 @@
+"""Training and evaluation: `trainer` (the deterministic loop) and `run` (the commands' files)."""
