@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import numpy_reference as ref
 from conftest import make_model
 from psa_edge.errors import ConfigError
-from psa_edge.model import PRESETS, PSATransformer, count_parameters, preset_config
+from psa_edge.model import PSATransformer, count_parameters, preset_config
 from psa_edge.model.config import ModelConfig, gammas_for
 from psa_edge.model.ops import apply_rope, causal_bias, rope_cos_sin, rope_inv_freq, shear
 

@@ -16,7 +16,6 @@ import torch
 from psa_edge.export.onnx_target import quiet
 from psa_edge.model.config import ModelConfig
 
-PTE_TARGETS = ("xnnpack", "portable")
 # Why an op stays outside XNNPACK, by op-name prefix (checked against the XNNPACK partitioner
 # configs of executorch 1.4.1). An op outside the delegate with no reason here is reported as
 # unexplained; the tests require there is none.

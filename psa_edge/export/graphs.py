@@ -25,10 +25,6 @@ from psa_edge.model.config import ModelConfig
 from psa_edge.model.ops import causal_bias, rope_cos_sin
 from psa_edge.model.transformer import PSATransformer
 
-STATE_FIELDS = ("key", "value", "prev_key", "prev_query")
-RAW_FIELDS = ("raw_key", "raw_query")
-
-
 def state_fields(cfg: ModelConfig) -> list[str]:
     """The per-layer state tensors this config carries, in I/O order."""
     fields = ["key", "value"]
@@ -107,7 +103,7 @@ class RunnerGraph(nn.Module):
                 self.register_buffer(f"cache_{i}_{f}", torch.zeros(shape), persistent=False)
 
     def forward(self, tokens: Tensor, input_pos: Tensor) -> Tensor:
-        m, cfg = self.model, self.model.cfg
+        m = self.model
         positions = torch.arange(tokens.shape[1]) + input_pos
         cos, sin = rope_cos_sin(positions, m.inv_freq)
         bias = causal_bias(positions, self.max_seq_len)

@@ -12,8 +12,6 @@ import contextlib
 import io
 import logging
 import warnings
-from pathlib import Path
-
 import torch
 
 from psa_edge.errors import ExportError
@@ -53,12 +51,3 @@ def serialize_onnx(program) -> bytes:
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"exported ONNX graph fails onnx.checker: {str(exc).splitlines()[0]}")
     return proto.SerializeToString()
-
-
-def onnx_op_histogram(path: Path) -> dict[str, int]:
-    import onnx
-
-    counts: dict[str, int] = {}
-    for node in onnx.load(str(path)).graph.node:
-        counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return dict(sorted(counts.items()))

@@ -21,8 +21,8 @@ from psa_edge.export.graphs import (ExplicitStateGraph, RunnerGraph, dynamic_sha
                                     state_fields)
 from psa_edge.export.onnx_target import export_onnx_program, serialize_onnx
 from psa_edge.export.parity import PROBE_LEN, probe_parity
-from psa_edge.io import atomic_output, check_writable_dir, versions, write_manifest
-from psa_edge.model.checkpoint import checkpoint_sha256, load_checkpoint
+from psa_edge.io import atomic_output, check_writable_dir, sha256_file, versions, write_manifest
+from psa_edge.model.checkpoint import load_checkpoint
 from psa_edge.model.transformer import PSATransformer
 from psa_edge.tokenizer import write_hf_tokenizer
 
@@ -67,7 +67,7 @@ def check_request(req: ExportRequest) -> ExportRequest:
 
 def load(req: ExportRequest) -> tuple[PSATransformer, dict]:
     model, metadata = load_checkpoint(req.checkpoint)
-    return model, {"checkpoint": str(req.checkpoint), "sha256": checkpoint_sha256(req.checkpoint),
+    return model, {"checkpoint": str(req.checkpoint), "sha256": sha256_file(req.checkpoint),
                    "task": metadata.get("task")}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from psa_edge.errors import CheckpointError, ConfigError
-from psa_edge.io import atomic_output, sha256_file, versions, write_manifest
+from psa_edge.io import atomic_output, versions, write_manifest
 from psa_edge.model.config import ModelConfig
 from psa_edge.model.transformer import PSATransformer
 
@@ -81,6 +81,3 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[PSATransformer, dict]:
         raise CheckpointError(f"{path} weights do not match its config: {first[:160]}")
     return model.eval(), payload["metadata"]
 
-
-def checkpoint_sha256(path: str | os.PathLike) -> str:
-    return sha256_file(path)

@@ -170,7 +170,6 @@ class PSATransformer(nn.Module):
 
     def forward_with_state(self, input_ids: Tensor, state: list[LayerState]
                            ) -> tuple[Tensor, list[LayerState], list[LayerState]]:
-        cfg = self.cfg
         past_len = state[0]["key"].shape[2]
         seq_len = input_ids.shape[1]
         positions = torch.arange(seq_len, device=input_ids.device) + past_len
