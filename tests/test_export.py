@@ -357,3 +357,17 @@ print("ok")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-1500:]
+
+
+def test_runtime_modules_import_no_torch_at_module_level():
+    """The rule behind the device runtime: no psa_edge.runtime module imports torch when it is
+    imported. The one torch use is inside PteGraph.run, because ExecuTorch's pybindings only
+    take torch tensors (and import torch themselves)."""
+    import ast
+
+    for path in (REPO / "psa_edge" / "runtime").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level only; function bodies run only when called
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), path

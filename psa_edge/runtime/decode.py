@@ -30,14 +30,10 @@ def step(graph: Graph, tokens: np.ndarray, state: dict[str, np.ndarray]
     past_len = state["0.key"].shape[2]
     check_tokens(graph, tokens, past_len)
     feeds = {"input_ids": tokens.reshape(1, -1).astype(np.int64)}
-    for i in range(spec.num_layers):
-        for f in spec.state_fields:
-            feeds[f"past_key_values.{i}.{f}"] = state[f"{i}.{f}"]
+    feeds.update((name_in, state[key]) for key, name_in, _ in spec.state_io)
     out = graph.run(feeds)
-    new_state = {f"{i}.{f}": out[f"present.{i}.{f}"] for i in range(spec.num_layers)
-                 for f in spec.state_fields}
-    raw = {f"{i}.{f}": out[f"present.{i}.{f}"] for i in range(spec.num_layers)
-           for f in spec.raw_fields}
+    new_state = {key: out[name_out] for key, _, name_out in spec.state_io}
+    raw = {key: out[name_out] for key, name_out in spec.raw_io}
     return out["logits"][0], new_state, raw
 
 

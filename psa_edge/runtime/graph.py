@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,17 @@ class GraphSpec:
                    vocab_size=cfg["vocab_size"], max_seq_len=manifest["max_seq_len"],
                    state_fields=tuple(io["state_fields"]), raw_fields=tuple(io["raw_fields"]),
                    input_names=tuple(io["inputs"]), output_names=tuple(io["outputs"]))
+
+    @cached_property
+    def state_io(self) -> tuple[tuple[str, str, str], ...]:
+        """(state key, graph input name, graph output name) per layer and state field."""
+        return tuple((f"{i}.{f}", f"past_key_values.{i}.{f}", f"present.{i}.{f}")
+                     for i in range(self.num_layers) for f in self.state_fields)
+
+    @cached_property
+    def raw_io(self) -> tuple[tuple[str, str], ...]:
+        return tuple((f"{i}.{f}", f"present.{i}.{f}")
+                     for i in range(self.num_layers) for f in self.raw_fields)
 
     def empty_state(self) -> dict[str, np.ndarray]:
         """The P = 0 state: empty caches, zero slots (the causal zero initial state)."""
