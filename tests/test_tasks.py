@@ -7,7 +7,7 @@ from psa_edge.errors import TaskError
 from psa_edge.tasks import IGNORE, get_task, is_test_example
 
 
-@pytest.mark.parametrize("name", ["ih-safari", "ih-sht", "mqar"])
+@pytest.mark.parametrize("name", ["ih-safari", "ih-offset", "ih-sht", "mqar"])
 def test_deterministic_from_seed(name):
     task = get_task(name)
     a, b = task.sample("train", 8, 3), task.sample("train", 8, 3)
@@ -15,7 +15,7 @@ def test_deterministic_from_seed(name):
     assert not np.array_equal(a[0], task.sample("train", 8, 4)[0])
 
 
-@pytest.mark.parametrize("name", ["ih-safari", "ih-sht", "mqar"])
+@pytest.mark.parametrize("name", ["ih-safari", "ih-offset", "ih-sht", "mqar"])
 def test_train_and_test_never_overlap(name):
     task = get_task(name)
     test = {row.tobytes() for row in task.sample("test", 300, 0)[0]}
@@ -39,6 +39,20 @@ def test_safari_shape_and_target():
         counts = np.bincount(body[body != trigger], minlength=18)
         assert counts.max() - counts.min() <= 1  # no bag-of-tokens shortcut
     assert not (x == 19).any()  # the no-op is reserved
+
+
+def test_offset_shape_and_target():
+    task = get_task("ih-offset", max_offset=5)
+    x, y = task.sample("train", 200, 0)
+    assert task.vocab_size == 38 and task.chance == 1 / 18
+    offsets = set()
+    for row, target in zip(x, y):
+        trigger_pos = np.flatnonzero(row[:-1] == 18)
+        marked = np.flatnonzero(row >= 20)
+        assert row[-1] == 18 and len(trigger_pos) == 1 and len(marked) == 1
+        offsets.add(int(marked[0] - trigger_pos[0]))
+        assert target[-1] == row[marked[0]] - 20 and (target[:-1] == IGNORE).all()
+    assert offsets == {1, 2, 3, 4, 5}  # the answer is not always the trigger's successor
 
 
 def test_sht_targets_brute_force():
@@ -76,6 +90,7 @@ def test_scores():
                                   lambda: get_task("ih-sht", colour=3),
                                   lambda: get_task("ih-safari", seq_len=3),
                                   lambda: get_task("mqar", seq_len=10, num_pairs=4),
+                                  lambda: get_task("ih-offset", max_offset=0),
                                   lambda: get_task("mqar").sample("valid", 3, 0),
                                   lambda: get_task("mqar").sample("test", 0, 0)])
 def test_bad_task_input(call):

@@ -6,13 +6,14 @@ Contract:
   a fixed function of its tokens (a hash), so the train and test splits can never share an example
   whatever seeds are used.
 - `Task.score(predictions, targets)` returns the task's metrics from argmax predictions `[n, T]`;
-  "accuracy" is the headline number (ih-safari: last position; ih-sht: all scored positions;
-  mqar: per-example mean).
+  "accuracy" is the headline number (ih-safari and ih-offset: last position; ih-sht: all scored
+  positions; mqar: per-example mean).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -27,15 +28,25 @@ _HASH_PRIME = 2_147_483_647
 
 @dataclass(frozen=True)
 class TaskDef:
-    generate: object
+    generate: Callable
     defaults: dict
-    vocab_param: str | None  # parameter that sets the vocabulary; None: ih-safari's own
+    vocab: Callable[[dict], int]     # vocabulary size from the task's parameters
+    chance: Callable[[dict], float]  # accuracy of uniform guessing over possible targets
+    metric: str                      # "last" position, "all" scored positions, "per-example"
 
 
 TASKS: dict[str, TaskDef] = {
-    "ih-safari": TaskDef(induction.ih_safari, dict(seq_len=30, num_ordinary=18), None),
-    "ih-sht": TaskDef(induction.ih_sht, dict(seq_len=256, alphabet=64), "alphabet"),
-    "mqar": TaskDef(induction.mqar, dict(seq_len=64, vocab_size=8192, num_pairs=4), "vocab_size"),
+    "ih-safari": TaskDef(induction.ih_safari, dict(seq_len=30, num_ordinary=18),
+                         lambda p: p["num_ordinary"] + 2, lambda p: 1 / p["num_ordinary"],
+                         "last"),
+    "ih-offset": TaskDef(induction.ih_offset, dict(seq_len=30, num_ordinary=18, max_offset=4),
+                         lambda p: 2 * p["num_ordinary"] + 2, lambda p: 1 / p["num_ordinary"],
+                         "last"),
+    "ih-sht": TaskDef(induction.ih_sht, dict(seq_len=256, alphabet=64),
+                      lambda p: p["alphabet"], lambda p: 1 / p["alphabet"], "all"),
+    # mqar values live in the upper half of the vocabulary.
+    "mqar": TaskDef(induction.mqar, dict(seq_len=64, vocab_size=8192, num_pairs=4),
+                    lambda p: p["vocab_size"], lambda p: 2 / p["vocab_size"], "per-example"),
 }
 
 
@@ -50,10 +61,7 @@ class Task:
 
     @property
     def vocab_size(self) -> int:
-        d = self.definition
-        if d.vocab_param is None:
-            return self.params["num_ordinary"] + 2
-        return self.params[d.vocab_param]
+        return self.definition.vocab(self.params)
 
     @property
     def seq_len(self) -> int:
@@ -62,11 +70,7 @@ class Task:
     @property
     def chance(self) -> float:
         """Accuracy of uniform guessing over the tokens a target can be."""
-        if self.name == "ih-safari":
-            return 1 / self.params["num_ordinary"]
-        if self.name == "ih-sht":
-            return 1 / self.params["alphabet"]
-        return 2 / self.params["vocab_size"]  # values live in the upper half
+        return self.definition.chance(self.params)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "params": dict(self.params)}
@@ -93,9 +97,10 @@ class Task:
         scored = targets != IGNORE
         correct = (predictions == targets) & scored
         last = correct[:, -1].sum() / max(1, scored[:, -1].sum())
-        if self.name == "mqar":
+        metric = self.definition.metric
+        if metric == "per-example":
             accuracy = float(np.mean(correct.sum(1) / np.maximum(1, scored.sum(1))))
-        elif self.name == "ih-safari":
+        elif metric == "last":
             accuracy = float(last)
         else:
             accuracy = float(correct.sum() / max(1, scored.sum()))
@@ -121,6 +126,9 @@ def get_task(name: str, **params) -> Task:
     merged = {**d.defaults, **{k: v for k, v in params.items() if v is not None}}
     if merged["seq_len"] < 8:
         raise TaskError(f"task {name} needs seq_len >= 8, got {merged['seq_len']}")
+    if name == "ih-offset" and not 1 <= merged["max_offset"] <= merged["seq_len"] - 3:
+        raise TaskError(f"ih-offset: max_offset must be in [1, seq_len - 3], got "
+                        f"{merged['max_offset']}")
     if name == "mqar" and 4 * merged["num_pairs"] + 1 > merged["seq_len"]:
         raise TaskError(f"mqar: seq_len {merged['seq_len']} too short for "
                         f"{merged['num_pairs']} pairs")

@@ -11,6 +11,11 @@ token the model must predict AT that position (read from the logits of that posi
 - ih-sht (Sanford-Hsu-Telgarsky): uniform tokens over the alphabet; at every position whose
   token occurred before, the target is the token after its most recent previous occurrence. The
   last token is drawn from the tokens already seen (so the last-position metric is always defined).
+- ih-offset (the negative control): ih-safari's layout, but the answer is a *marked* token (its
+  own id range, num_ordinary + 2 + x) placed at a random offset 1..max_offset after the body
+  trigger, and the target is its ordinary token x. The answer is found by its own content, not
+  by its predecessor, so plain single-layer attention can solve it and the shear has nothing to
+  add. Only the last position is scored; chance is 1/num_ordinary.
 - mqar (Zoology multi-query associative recall): `num_pairs` key-value pairs at the start (keys
   from the lower half of the vocab, values from the upper half), then every key queried once at a
   random later position, the value following it; other positions are the filler token 0. The
@@ -24,17 +29,20 @@ import numpy as np
 IGNORE = -1
 
 
-def ih_safari(rng: np.random.Generator, n: int, seq_len: int = 30, num_ordinary: int = 18):
-    trigger = num_ordinary
-    body_len = seq_len - 2  # every position but the body trigger and the final trigger
-    # Balanced token counts (each ordinary token floor or ceil of body_len / num_ordinary times,
-    # which ones at random): with i.i.d. tokens the target is over-represented in the sequence
-    # (it has one forced occurrence), a bag-of-tokens shortcut that a 1-layer model without
-    # induction would otherwise learn.
+def balanced_body(rng: np.random.Generator, n: int, body_len: int, num_ordinary: int):
+    """Ordinary tokens in random order, each appearing floor or ceil of body_len / num_ordinary
+    times. With i.i.d. tokens an answer that has a forced occurrence is over-represented in the
+    sequence, a bag-of-tokens shortcut that a 1-layer model without induction would learn."""
     tokens = np.argsort(rng.random((n, num_ordinary)), axis=1)
     reps = -(-body_len // num_ordinary)
     body = np.tile(tokens, reps)[:, :body_len]
-    body = np.take_along_axis(body, np.argsort(rng.random((n, body_len)), axis=1), axis=1)
+    return np.take_along_axis(body, np.argsort(rng.random((n, body_len)), axis=1), axis=1)
+
+
+def ih_safari(rng: np.random.Generator, n: int, seq_len: int = 30, num_ordinary: int = 18):
+    trigger = num_ordinary
+    body_len = seq_len - 2  # every position but the body trigger and the final trigger
+    body = balanced_body(rng, n, body_len, num_ordinary)
     # The body trigger sits where its target is followed by at least one more body token.
     trigger_pos = rng.integers(0, seq_len - 2, size=n)
     positions = np.arange(seq_len - 1)[None, :]
@@ -46,6 +54,23 @@ def ih_safari(rng: np.random.Generator, n: int, seq_len: int = 30, num_ordinary:
     inputs[:, -1] = trigger
     targets = np.full((n, seq_len), IGNORE)
     targets[:, -1] = inputs[rows, trigger_pos + 1]
+    return inputs, targets
+
+
+def ih_offset(rng: np.random.Generator, n: int, seq_len: int = 30, num_ordinary: int = 18,
+              max_offset: int = 4):
+    trigger = num_ordinary
+    inputs = np.empty((n, seq_len), dtype=np.int64)
+    inputs[:, :-1] = balanced_body(rng, n, seq_len - 1, num_ordinary)
+    inputs[:, -1] = trigger
+    rows = np.arange(n)
+    trigger_pos = rng.integers(0, seq_len - 1 - max_offset, size=n)
+    answer_pos = trigger_pos + rng.integers(1, max_offset + 1, size=n)
+    answer = rng.integers(0, num_ordinary, size=n)
+    inputs[rows, trigger_pos] = trigger
+    inputs[rows, answer_pos] = num_ordinary + 2 + answer  # the marked copy of the answer
+    targets = np.full((n, seq_len), IGNORE)
+    targets[:, -1] = answer
     return inputs, targets
 
 

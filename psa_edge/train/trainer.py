@@ -42,6 +42,8 @@ class TrainSpec:
     eval_every: int = 100
     eval_samples: int = 512
     task_params: dict = field(default_factory=dict)
+    # ModelConfig fields that override the preset's (e.g. hidden_size, num_attention_heads).
+    config_overrides: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -57,9 +59,10 @@ class TrainResult:
 
 
 def build_model(spec: TrainSpec, task: Task) -> PSATransformer:
+    overrides = {"num_hidden_layers": spec.layers,
+                 "max_position_embeddings": max(task.seq_len, 32), **spec.config_overrides}
     cfg = preset_config(spec.preset, spec.variant, spec.gamma, vocab_size=task.vocab_size,
-                        num_hidden_layers=spec.layers,
-                        max_position_embeddings=max(task.seq_len, 32))
+                        **overrides)
     torch.manual_seed(spec.seed)
     return PSATransformer(cfg)
 
