@@ -80,13 +80,24 @@ def export(
     twin: bool = typer.Option(False, "--twin", help="Export the gamma = 0 twin instead."),
     form: str = typer.Option("explicit-state", help="explicit-state, or runner (ExecuTorch "
                              "LLM-runner form with an in-program cache)."),
+    quantize: Optional[str] = typer.Option(None, help="int8 (static activations, calibrated) "
+                                           "or int8-dynamic; default: fp32."),
+    calibration_samples: int = typer.Option(32, help="Task sequences for static calibration."),
+    calibration_seed: int = typer.Option(0, help="Seed of the calibration draw."),
+    keep_shear_fp32: bool = typer.Option(True, "--keep-shear-fp32/--quantize-shear",
+                                         help="Keep the shear's Sub/Mul/Add in fp32 (default; "
+                                         "measured in docs/quantization.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Export a checkpoint to ONNX or ExecuTorch, check parity, write artifact + manifest."""
     from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.export.quantize import QuantSpec
     from psa_edge.export.report import print_summary
 
-    manifest = run_export(ExportRequest(checkpoint, target, output, max_seq_len, twin, form))
+    quant = (QuantSpec(quantize, calibration_samples, calibration_seed, keep_shear_fp32)
+             if quantize else None)
+    manifest = run_export(ExportRequest(checkpoint, target, output, max_seq_len, twin, form,
+                                        quant))
     if as_json:
         typer.echo(json.dumps(manifest, indent=2, sort_keys=True))
     else:
@@ -106,6 +117,84 @@ def inspect(
         typer.echo(json.dumps(info, indent=2, sort_keys=True))
     else:
         print_inspection(info)
+
+
+@app.command(name="quant-check")
+def quant_check_cmd(
+    checkpoint: Path = typer.Argument(..., help="model.pt the artifact was exported from"),
+    artifact: Path = typer.Argument(..., help=".onnx or .pte (int8 or float) with its manifest"),
+    task: Optional[str] = typer.Option(None, help="Task (default: the checkpoint's own)."),
+    samples: int = typer.Option(64, help="Held-out sequences."),
+    seed: int = typer.Option(1234, help="Seed of the held-out sample."),
+    max_acc_drop: float = typer.Option(1.0, help="Accuracy points the artifact may lose."),
+    min_top1: float = typer.Option(0.98, help="Minimum top-1 agreement with the reference."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Accuracy of an (int8) artifact against the float reference; exit 1 past a threshold."""
+    from psa_edge.display import progress_bar
+    from psa_edge.export import quant_check
+    from psa_edge.export.report import quant_check_table
+
+    plan = quant_check.prepare(checkpoint, artifact, task, samples, seed)
+    with progress_bar("quant-check", samples, enabled=not as_json) as advance:
+        result = quant_check.run(plan, quant_check.Thresholds(max_acc_drop, min_top1), advance)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        quant_check_table(result)
+    for failure in result["failures"]:
+        typer.echo(f"FAIL: {failure}", err=True)
+    if result["failures"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def generate(
+    artifact: Path = typer.Argument(..., help=".onnx / .pte (explicit-state) or model.pt"),
+    prompt: Optional[str] = typer.Option(None, help="Prompt text (one character per token)."),
+    prompt_ids: Optional[str] = typer.Option(None, help="Prompt as comma-separated token ids."),
+    max_new_tokens: int = typer.Option(32, "-n", "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, help="0 is greedy."),
+    top_k: Optional[int] = typer.Option(None),
+    top_p: Optional[float] = typer.Option(None),
+    seed: int = typer.Option(0),
+    stop: Optional[str] = typer.Option(None, help="Stop characters (each one a stop token)."),
+    stream: bool = typer.Option(False, "--stream", help="Print tokens as they come."),
+    draft: Optional[Path] = typer.Option(None, help="Draft artifact for speculative decoding."),
+    draft_len: int = typer.Option(4, help="Tokens the draft proposes per target call."),
+    prompt_lookup: bool = typer.Option(False, "--prompt-lookup",
+                                       help="Draft-free speculative decoding by prompt lookup."),
+    threads: Optional[int] = typer.Option(None, help="ONNX Runtime intra-op threads."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Generate tokens with an artifact; optionally speculative (--draft or --prompt-lookup)."""
+    from psa_edge.runtime.run import run_generate
+
+    run_generate(artifact, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                 stop, stream, draft, draft_len, prompt_lookup, threads, as_json)
+
+
+@app.command()
+def verify(
+    artifact: Path = typer.Argument(..., help=".onnx or .pte (explicit-state form)"),
+    reference: Optional[Path] = typer.Option(None, help="Float reference model.pt (default: "
+                                             "the checkpoint the manifest names)."),
+    twin: Optional[Path] = typer.Option(None, help="The gamma = 0 twin artifact, for the "
+                                        "cache table (default: the eager twin)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """KV-cache parity, prefix reuse, rollback and speculative decoding against the float
+    reference (SPEC §3-4); exit 1 unless every check passes."""
+    from psa_edge.display import verify_table
+    from psa_edge.runtime.verify import verify as run_verify
+
+    report = run_verify(artifact, reference, twin)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        verify_table(report)
+    if not report["passed"]:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -12,50 +12,12 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from conftest import REPO, make_model
+from conftest import CASES, MAX_LEN, REPO
 from psa_edge.errors import ArtifactError, ExportError
 from psa_edge.export import parity
 from psa_edge.export.pipeline import ExportRequest, export, run_export, transform
-from psa_edge.model.checkpoint import save_checkpoint
 from psa_edge.runtime.decode import decode_chunks
 from psa_edge.runtime.graph import open_graph
-
-MAX_LEN = 48
-CASES = {  # name -> (variant, target, twin, form)
-    "onnx": ("symmetric", "onnx", False, "explicit-state"),
-    "onnx-twin": ("symmetric", "onnx", True, "explicit-state"),
-    "xnnpack": ("symmetric", "xnnpack", False, "explicit-state"),
-    "xnnpack-twin": ("symmetric", "xnnpack", True, "explicit-state"),
-    "portable": ("key-only", "portable", False, "explicit-state"),
-    "runner": ("key-only", "xnnpack", False, "runner"),
-}
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    out = {}
-    for variant in ("symmetric", "key-only"):
-        # GQA (4 query heads over 2 KV heads) and 2 layers, so the I/O carries both.
-        model = make_model(variant, num_attention_heads=4, num_key_value_heads=2,
-                           num_hidden_layers=2)
-        out[variant] = root / f"{variant}.pt"
-        save_checkpoint(out[variant], model, {"task": {"name": "ih-sht", "params": {
-            "seq_len": 64, "alphabet": 64}}})
-    return out
-
-
-@pytest.fixture(scope="session")
-def artifacts(checkpoints, tmp_path_factory):
-    root = tmp_path_factory.mktemp("artifacts")
-    out = {}
-    for name, (variant, target, twin, form) in CASES.items():
-        suffix = ".onnx" if target == "onnx" else ".pte"
-        path = root / f"{name}{suffix}"
-        run_export(ExportRequest(checkpoints[variant], target, path, MAX_LEN, twin, form))
-        out[name] = path
-    return out
-
 
 def eager(checkpoints, name):
     variant, _, twin, _ = CASES[name]

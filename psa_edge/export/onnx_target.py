@@ -2,7 +2,7 @@
 
 Contract: `export_onnx_program(model, max_seq_len)` gives the ONNX program with the I/O names of
 `graphs.input_names/output_names`, dynamic `seq_len` (>= 1) and `past_len` (>= 0, an empty past
-works); `serialize_onnx` checks it with `onnx.checker.check_model(full_check=True)` and returns
+works); `serialize_onnx` checks a ModelProto with `onnx.checker.check_model(full_check=True)` and returns
 single-file model bytes.
 """
 
@@ -23,7 +23,9 @@ from psa_edge.model.transformer import PSATransformer
 @contextlib.contextmanager
 def quiet():
     """The exporters print progress and warnings of their own; keep the CLI's output ours."""
-    logging.getLogger("torch").setLevel(logging.ERROR)
+    # torchao warns on import about its optional CUDA kernels, which a CPU build lacks.
+    for name in ("torch", "torchao"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         yield
@@ -41,11 +43,10 @@ def export_onnx_program(model: PSATransformer, max_seq_len: int):
             optimize=True, verbose=False)
 
 
-def serialize_onnx(program) -> bytes:
-    """Single-file model bytes, after `onnx.checker.check_model(full_check=True)`."""
+def serialize_onnx(proto) -> bytes:
+    """Single-file model bytes of a ModelProto, after `onnx.checker.check_model(full_check=True)`."""
     import onnx
 
-    proto = program.model_proto
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:

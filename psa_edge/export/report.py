@@ -1,4 +1,4 @@
-"""Export summary and `psa-edge inspect`: manifest, I/O signature, op histogram, delegation.
+"""Export summary, `psa-edge inspect` and the `quant-check` table.
 
 Contract: `inspect_artifact(path)` reads the artifact itself (the ONNX graph, or the `.pte`
 flatbuffer's execution plan) as well as its manifest, and refuses an artifact whose manifest does
@@ -81,10 +81,22 @@ def print_summary(manifest: dict) -> None:
                   f"{manifest['target']}, {manifest['form']}, {manifest['variant']} "
                   f"gamma_k={manifest['gamma_k']} gamma_q={manifest['gamma_q']}, "
                   f"max_seq_len {manifest['max_seq_len']}) in {manifest['export_seconds']} s")
-    console.print(f"parity vs eager fp32 on a {parity['probe_len']}-token probe: all at once "
-                  f"{errors['all_at_once']:.2e}, token by token {errors['token_by_token']:.2e} "
-                  f"(tolerance {parity['tolerance']:.2e}) -> "
-                  f"{'PASS' if parity['passed'] else 'FAIL'}")
+    agreement = ""
+    if parity.get("min_agreement") is not None:
+        a, d = parity["argmax_agreement"], parity["decided_argmax_agreement"]
+        agreement = (f"; argmax agreement {a['all_at_once']:.3f} / {a['token_by_token']:.3f}, "
+                     f"on the {parity['decided_positions']} decided positions "
+                     f"{d['all_at_once']:.3f} / {d['token_by_token']:.3f} (needs >= "
+                     f"{parity['min_agreement']})")
+    console.print(f"parity vs eager fp32 on a {parity['probe_len']}-token probe: max |dlogit| "
+                  f"all at once {errors['all_at_once']:.2e}, token by token "
+                  f"{errors['token_by_token']:.2e} (tolerance {parity['tolerance']:.2e})"
+                  f"{agreement} -> {'PASS' if parity['passed'] else 'FAIL'}")
+    if manifest.get("quantization"):
+        qrec = manifest["quantization"]
+        console.print(f"quantization {qrec['scheme']}: weights {qrec['weights']}, activations "
+                      f"{qrec['activations']}; quantized ops {qrec['quantized_ops']}; shear "
+                      f"{'fp32' if qrec['keep_shear_fp32'] else 'int8'}")
     if manifest.get("delegation"):
         print_delegation(console, manifest["delegation"])
 
@@ -121,3 +133,29 @@ def print_inspection(info: dict) -> None:
     console.print(ops)
     if info["delegation"]:
         print_delegation(console, info["delegation"])
+
+
+def quant_check_table(result: dict) -> None:
+    m = result["metrics"]
+    console = Console(soft_wrap=True)
+    task = result["task"]
+    table = Table("metric", "float (reference)", f"artifact ({result['quantization']})", "delta",
+                  title=f"quant-check {Path(result['artifact']).name}: {task['name']}, "
+                        f"{result['samples']} held-out sequences x {result['tokens_per_sample']}"
+                        f" tokens, token by token")
+    table.add_row("task accuracy", f"{m['accuracy_float']:.4f}", f"{m['accuracy_artifact']:.4f}",
+                  f"{m['accuracy_delta_points']:+.2f} points")
+    table.add_row("target perplexity (scored positions)", f"{m['target_perplexity_float']:.4f}",
+                  f"{m['target_perplexity_artifact']:.4f}",
+                  f"x {m['target_perplexity_ratio']:.4f}")
+    for label, value in (("top-1 agreement", f"{m['top1_agreement']:.4f}"),
+                         ("KL(float || artifact) mean / p99 / max",
+                          f"{m['kl_mean']:.2e} / {m['kl_p99']:.2e} / {m['kl_max']:.2e}"),
+                         ("RMS dp on the reference's top token", f"{m['rms_dp_top']:.4f}"),
+                         ("max abs logit error", f"{m['max_abs_logit_error']:.4f}")):
+        table.add_row(label, "", value, "")
+    console.print(table)
+    limits = result["thresholds"]
+    verdict = "PASS" if result["passed"] else "FAIL"
+    console.print(f"{verdict}: accuracy drop <= {limits['max_acc_drop']:g} points and top-1 "
+                  f"agreement >= {limits['min_top1']:g}")

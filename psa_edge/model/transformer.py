@@ -189,6 +189,13 @@ class PSATransformer(nn.Module):
         return logits
 
 
+def twin_of(model: PSATransformer) -> PSATransformer:
+    """The gamma = 0 twin (SPEC §1): the same config and weights with plain attention."""
+    twin = PSATransformer(model.cfg.twin())
+    twin.load_state_dict(model.state_dict())
+    return twin.eval()
+
+
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters (a tied embedding counts once)."""
     return sum(p.numel() for p in model.parameters())

@@ -1,11 +1,19 @@
 """Exported explicit-state graphs behind one numpy interface (never imports torch itself).
 
-Contract: `open_graph(artifact)` reads the artifact's manifest and returns a `Graph` whose
-`run(feeds)` maps input names (SPEC §2, `psa_edge.export.graphs`) to numpy arrays and returns a
-dict of output name -> numpy array. Backends:
-- `onnx`: ONNX Runtime (`.onnx`);
+Contract: `open_graph(artifact)` reads the artifact's manifest and returns a `Graph`.
+`graph.step(tokens, state)` runs one chunk `tokens [S]` on `state` (a dict "layer.field" ->
+array, SPEC §3) and returns the chunk's logits `[S, V]` (an array the caller owns), the new
+state and the chunk's raw post-RoPE keys/queries ("layer.raw_key" ...), which a session needs to
+roll the previous-key slot back to any position of the chunk. It never changes its inputs.
+Backends:
+- `onnx`: ONNX Runtime (`.onnx`). With `io_binding=True` the new caches are written in place
+  into two buffers per state tensor preallocated to the artifact's max length (the graph's own
+  concatenation writes there; inputs are bound without copies), used in turn. It is off by
+  default: on ORT's CPU provider it measured slower than plain `run` (docs/runtime.md,
+  tools/runtime_bench.py);
 - `executorch`: ExecuTorch's Python runtime (`.pte`, xnnpack or portable), imported only here
-  and only when such an artifact is opened (the ExecuTorch pybindings bring torch with them).
+  and only when such an artifact is opened (its pybindings take and return torch tensors);
+- `eager`: the PyTorch float reference (`psa_edge.runtime.eager`), for a `model.pt`.
 The manifest must match the artifact (sha256) or `ArtifactError` is raised.
 """
 
@@ -20,6 +28,8 @@ import numpy as np
 
 from psa_edge.errors import ArtifactError
 from psa_edge.io import manifest_path, sha256_file
+
+State = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -58,15 +68,22 @@ class GraphSpec:
         return tuple((f"{i}.{f}", f"present.{i}.{f}")
                      for i in range(self.num_layers) for f in self.raw_fields)
 
-    def empty_state(self) -> dict[str, np.ndarray]:
+    def shape(self, field: str, length: int) -> tuple[int, int, int, int]:
+        """Shape of a state tensor after `length` positions (caches grow, slots do not)."""
+        heads = self.num_heads if field in ("prev_query", "raw_query") else self.num_kv_heads
+        return (1, heads, length if field in ("key", "value") else 1, self.head_dim)
+
+    def empty_state(self) -> State:
         """The P = 0 state: empty caches, zero slots (the causal zero initial state)."""
-        state = {}
-        for i in range(self.num_layers):
-            for f in self.state_fields:
-                heads = self.num_heads if f == "prev_query" else self.num_kv_heads
-                length = 0 if f in ("key", "value") else 1
-                state[f"{i}.{f}"] = np.zeros((1, heads, length, self.head_dim), np.float32)
-        return state
+        return {key: np.zeros(self.shape(key.split(".")[1], 0), np.float32)
+                for key, _, _ in self.state_io}
+
+
+def same_architecture(a: dict, b: dict) -> bool:
+    """Whether two model configs differ at most in the shear (gamma_q, gamma_k, variant)."""
+    strip = lambda cfg: {k: v for k, v in cfg.items()  # noqa: E731
+                         if k not in ("gamma_q", "gamma_k", "variant")}
+    return strip(a) == strip(b)
 
 
 def read_manifest(artifact: str | Path, check_hash: bool = True) -> dict:
@@ -96,11 +113,21 @@ class Graph:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def step(self, tokens: np.ndarray, state: State) -> tuple[np.ndarray, State, State]:
+        spec = self.spec
+        feeds = {"input_ids": tokens.reshape(1, -1)}
+        feeds.update((name_in, state[key]) for key, name_in, _ in spec.state_io)
+        out = self.run(feeds)
+        new_state = {key: out[name_out] for key, _, name_out in spec.state_io}
+        raw = {key: out[name_out] for key, name_out in spec.raw_io}
+        return out["logits"][0], new_state, raw
+
 
 class OnnxGraph(Graph):
     backend = "onnx"
 
-    def __init__(self, artifact: Path, manifest: dict, threads: int | None = None):
+    def __init__(self, artifact: Path, manifest: dict, threads: int | None = None,
+                 io_binding: bool = False):
         super().__init__(artifact, manifest)
         import onnxruntime as ort
 
@@ -113,10 +140,44 @@ class OnnxGraph(Graph):
                                                 providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - ORT raises its own classes for bad files
             raise ArtifactError(f"ONNX Runtime cannot load {artifact}: {str(exc)[:160]}")
+        self.io_binding = io_binding
+        # Two max-length buffers per state output, used in turn: a call's inputs may be views
+        # into one of them, so its outputs go to the other.
+        spec = self.spec
+        self.buffers = [{key: np.empty(int(np.prod(spec.shape(key.split(".")[1],
+                                                               spec.max_seq_len))), np.float32)
+                         for key, _, _ in spec.state_io} for _ in range(2)]
 
     def run(self, feeds):
         outputs = self.session.run(list(self.spec.output_names), feeds)
         return dict(zip(self.spec.output_names, outputs))
+
+    def step(self, tokens, state):
+        if not self.io_binding:
+            return super().step(tokens, state)
+        spec = self.spec
+        length = state["0.key"].shape[2] + tokens.size
+        in_use = [any(np.may_share_memory(state[k], b[k]) for k in state) for b in self.buffers]
+        if all(in_use):  # cannot happen through Session; copy rather than overwrite an input
+            state, in_use = {k: v.copy() for k, v in state.items()}, [False, False]
+        target = self.buffers[1] if in_use[0] else self.buffers[0]
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens.reshape(1, -1)))
+        new_state = {}
+        for key, name_in, name_out in spec.state_io:
+            binding.bind_cpu_input(name_in, np.ascontiguousarray(state[key]))
+            shape = spec.shape(key.split(".")[1], length)
+            view = target[key][:int(np.prod(shape))].reshape(shape)
+            binding.bind_output(name_out, "cpu", 0, np.float32, shape, view.ctypes.data)
+            new_state[key] = view
+        allocated = ["logits"] + [name_out for _, name_out in spec.raw_io]
+        for name in allocated:  # ORT allocates these; outputs come back in binding order
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        values = binding.get_outputs()[len(spec.state_io):]
+        outputs = {name: value.numpy() for name, value in zip(allocated, values)}
+        raw = {key: outputs[name_out] for key, name_out in spec.raw_io}
+        return outputs["logits"][0], new_state, raw
 
 
 class PteGraph(Graph):
@@ -124,6 +185,12 @@ class PteGraph(Graph):
 
     def __init__(self, artifact: Path, manifest: dict):
         super().__init__(artifact, manifest)
+        import logging
+
+        # executorch.runtime imports torch and torchao, which log warnings about optional
+        # CUDA kernels and deprecations that are not the user's concern.
+        for name in ("torch", "torchao"):
+            logging.getLogger(name).setLevel(logging.ERROR)
         from executorch.runtime import Runtime
 
         try:
@@ -136,7 +203,7 @@ class PteGraph(Graph):
         import torch  # ExecuTorch's pybindings take and return torch tensors
 
         args = [as_torch(torch, feeds[n]) for n in self.spec.input_names]
-        outputs = self.method.execute(args)
+        outputs = self.method.execute(args)  # fresh tensors each call (checked: no aliasing)
         return {n: o.numpy() for n, o in zip(self.spec.output_names, outputs)}
 
 
@@ -151,6 +218,10 @@ def as_torch(torch, array: np.ndarray):
 def open_graph(artifact: str | Path, threads: int | None = None) -> Graph:
     artifact = Path(artifact)
     manifest = read_manifest(artifact)
+    if manifest.get("kind") == "checkpoint":
+        from psa_edge.runtime.eager import EagerGraph
+
+        return EagerGraph(artifact, manifest)
     if manifest.get("form") != "explicit-state":
         raise ArtifactError(f"{artifact.name} is a {manifest.get('form')!r} artifact; this "
                             f"runtime drives explicit-state graphs")

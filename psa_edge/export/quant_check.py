@@ -1,0 +1,176 @@
+"""`psa-edge quant-check`: does an int8 artifact still do the job? (SPEC §5)
+
+Modelled on llama.cpp's KL-divergence check. Contract: `prepare(checkpoint, artifact, ...)`
+- refuses an artifact whose manifest does not match it, or that was not exported from this
+  checkpoint (source sha256), a task whose vocabulary is not the model's, and a sample count
+  below 1 (`PsaEdgeError`: exit 2);
+then `run(plan, thresholds)`
+- runs the float reference (eager fp32, full sequence; the gamma = 0 twin when the artifact is
+  a twin) and the artifact on the same held-out sequences of the task, the artifact token by
+  token through its incremental interface, as a device would;
+- reports task accuracy (float, artifact, delta in points), top-1 agreement of the next-token
+  argmax over every position, KL(float || artifact) per token (mean, p99, max), the RMS of the
+  probability difference on the reference's top token, the max abs logit error, and the
+  perplexity of the task's targets (scored positions) with its ratio;
+- `failures` names every threshold crossed (accuracy drop in points, minimum top-1 agreement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from psa_edge.errors import ArtifactError, TaskError
+from psa_edge.io import sha256_file
+from psa_edge.model.checkpoint import load_checkpoint
+from psa_edge.model.transformer import twin_of
+from psa_edge.runtime.graph import read_manifest
+from psa_edge.tasks import IGNORE, get_task, task_from_dict
+from psa_edge.train.trainer import EVAL_SEED
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_acc_drop: float = 1.0   # accuracy points the artifact may lose
+    min_top1: float = 0.98      # top-1 agreement with the float reference
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def compare(reference: np.ndarray, candidate: np.ndarray, targets: np.ndarray, task) -> dict:
+    """The metrics of the check from logits `[n, T, V]` of both and the task's targets."""
+    ref_pred, cand_pred = reference.argmax(-1), candidate.argmax(-1)
+    log_p, log_q = log_softmax(reference.astype(np.float64)), log_softmax(
+        candidate.astype(np.float64))
+    p = np.exp(log_p)
+    kl = (p * (log_p - log_q)).sum(-1).ravel()
+    top = ref_pred[..., None]
+    dp = np.take_along_axis(np.exp(log_q), top, -1) - np.take_along_axis(p, top, -1)
+    scored = targets != IGNORE
+    safe = np.where(scored, targets, 0)[..., None]
+    nll_ref = -np.take_along_axis(log_p, safe, -1)[..., 0][scored].mean()
+    nll_cand = -np.take_along_axis(log_q, safe, -1)[..., 0][scored].mean()
+    acc_ref = task.score(ref_pred, targets)["accuracy"]
+    acc_cand = task.score(cand_pred, targets)["accuracy"]
+    return {
+        "accuracy_float": acc_ref, "accuracy_artifact": acc_cand,
+        "accuracy_delta_points": 100 * (acc_cand - acc_ref),
+        "top1_agreement": float((ref_pred == cand_pred).mean()),
+        "kl_mean": float(kl.mean()), "kl_p99": float(np.percentile(kl, 99)),
+        "kl_max": float(kl.max()), "rms_dp_top": float(np.sqrt((dp ** 2).mean())),
+        "max_abs_logit_error": float(np.abs(reference - candidate).max()),
+        "target_perplexity_float": float(np.exp(nll_ref)),
+        "target_perplexity_artifact": float(np.exp(nll_cand)),
+        "target_perplexity_ratio": float(np.exp(nll_cand - nll_ref)),
+        "positions": int(ref_pred.size), "scored_positions": int(scored.sum()),
+    }
+
+
+def failures(metrics: dict, limits: Thresholds) -> list[str]:
+    out = []
+    drop = -metrics["accuracy_delta_points"]
+    if drop > limits.max_acc_drop:
+        out.append(f"accuracy drop {drop:.2f} points exceeds --max-acc-drop "
+                   f"{limits.max_acc_drop:g}")
+    if metrics["top1_agreement"] < limits.min_top1:
+        out.append(f"top-1 agreement {metrics['top1_agreement']:.4f} is below --min-top1 "
+                   f"{limits.min_top1:g}")
+    return out
+
+
+def check_source(checkpoint: Path, artifact: Path, manifest: dict) -> None:
+    source = manifest.get("source_checkpoint") or {}
+    if source.get("sha256") != sha256_file(checkpoint):
+        raise ArtifactError(f"{artifact.name} was not exported from {checkpoint} (its manifest "
+                            f"names a checkpoint with sha256 {str(source.get('sha256'))[:12]}...)")
+
+
+def artifact_decoder(artifact: Path, manifest: dict):
+    """A function tokens `[T]` -> logits `[T, V]`, feeding the artifact one token per call."""
+    if manifest.get("form") == "runner":
+        from executorch.runtime import Runtime
+
+        method = Runtime.get().load_program(str(artifact)).load_method("forward")
+
+        def run_runner(tokens: np.ndarray) -> np.ndarray:
+            # input_pos 0 starts a new sequence: the program masks the stale slot there.
+            return np.concatenate([
+                method.execute([torch.tensor([[int(t)]]), torch.tensor([pos])])[0][0].numpy()
+                for pos, t in enumerate(tokens)])
+        return run_runner
+    from psa_edge.runtime.session import open_session
+
+    session = open_session(artifact)
+
+    def run_session(tokens: np.ndarray) -> np.ndarray:
+        session.reset()
+        return np.concatenate([session.feed(tokens[i:i + 1]) for i in range(len(tokens))])
+    return run_session
+
+
+@dataclass
+class Plan:
+    """A validated check: the reference model, the held-out data and the artifact's decoder."""
+    checkpoint: Path
+    artifact: Path
+    manifest: dict
+    model: object
+    task: object
+    inputs: np.ndarray
+    targets: np.ndarray
+    seed: int
+
+
+def prepare(checkpoint: Path, artifact: Path, task_name: str | None = None, samples: int = 64,
+            seed: int = EVAL_SEED) -> Plan:
+    """Every check of the input, before any long work (`PsaEdgeError` on bad input)."""
+    checkpoint, artifact = Path(checkpoint), Path(artifact)
+    if samples < 1:
+        raise TaskError(f"--samples must be at least 1, got {samples}")
+    manifest = read_manifest(artifact)
+    check_source(checkpoint, artifact, manifest)
+    model, metadata = load_checkpoint(checkpoint)
+    if manifest.get("twin"):
+        model = twin_of(model)
+    if task_name is None:
+        if "task" not in metadata:
+            raise TaskError(f"{checkpoint} records no task; pass --task")
+        task = task_from_dict(metadata["task"])
+    else:
+        task = get_task(task_name)
+    if task.vocab_size != model.cfg.vocab_size:
+        raise TaskError(f"task {task.name} has vocabulary {task.vocab_size}, the model's is "
+                        f"{model.cfg.vocab_size}")
+    inputs, targets = task.sample("test", samples, seed)
+    length = min(inputs.shape[1], manifest["max_seq_len"])
+    return Plan(checkpoint, artifact, manifest, model, task, inputs[:, :length],
+                targets[:, :length], seed)
+
+
+def run(plan: Plan, limits: Thresholds = Thresholds(), progress=None) -> dict:
+    with torch.no_grad():
+        reference = np.concatenate([plan.model(torch.from_numpy(plan.inputs[i:i + 16])).numpy()
+                                    for i in range(0, len(plan.inputs), 16)])
+    decode = artifact_decoder(plan.artifact, plan.manifest)
+    candidate = []
+    for row in plan.inputs:
+        candidate.append(decode(row))
+        if progress is not None:
+            progress()
+    metrics = compare(reference, np.stack(candidate), plan.targets, plan.task)
+    failed = failures(metrics, limits)
+    manifest = plan.manifest
+    return {"checkpoint": str(plan.checkpoint), "artifact": str(plan.artifact),
+            "task": plan.task.to_dict(), "samples": len(plan.inputs),
+            "tokens_per_sample": plan.inputs.shape[1], "seed": plan.seed,
+            "quantization": (manifest.get("quantization") or {}).get("scheme", "fp32"),
+            "target": manifest.get("target"), "twin": bool(manifest.get("twin")),
+            "size_bytes": manifest.get("size_bytes"), "metrics": metrics,
+            "thresholds": {"max_acc_drop": limits.max_acc_drop, "min_top1": limits.min_top1},
+            "failures": failed, "passed": not failed}

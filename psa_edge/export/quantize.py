@@ -1,0 +1,265 @@
+"""int8 quantization: the `quantize` stage of the export pipeline (SPEC §5).
+
+Contract:
+- `QuantSpec` names a scheme: `int8` (static activations, calibrated) or `int8-dynamic`
+  (activation scales computed at run time). Weights are int8, per-channel symmetric, in both.
+- What is quantized: every linear (q/k/v/o, the SwiGLU MLP, lm_head). Optionally (static only)
+  the shear's Sub/Mul/Add, when `keep_shear_fp32` is False. Everything else stays fp32: RMSNorm,
+  RoPE, the attention matmuls, softmax and the mask, and the state tensors at the graph's
+  boundary, so an int8 artifact has exactly the float artifact's I/O and cache shapes.
+  The default keeps the shear fp32: quantizing it cost top-1 agreement on the default model
+  (docs/quantization.md, tools/quant_table.py).
+- Calibration (static) feeds `calibration_samples` sequences of the checkpoint's own task, train
+  split, drawn deterministically from `seed`, through the graph from the empty state.
+- ExecuTorch: torchao's `prepare_pt2e`/`convert_pt2e` with ExecuTorch's `XNNPACKQuantizer`,
+  scoped to `aten.linear` by `set_operator_type` (executorch 1.4.1's `set_filter_function` is
+  not honoured by its `cat` annotator, which then quantizes the KV-cache concatenation), plus
+  `ShearQuantizer` for the shear. ONNX: ONNX Runtime's `quant_pre_process`, then QDQ
+  `quantize_static` with a calibration reader, or `quantize_dynamic`.
+- `summary` of each returns the manifest's `quantization` record: scheme, calibration set,
+  quantized and float op histograms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from psa_edge.errors import ExportError
+from psa_edge.export.onnx_target import quiet
+
+SCHEMES = ("int8", "int8-dynamic")
+CALIBRATION_SEED_BASE = 0x0CA1  # calibration draws never reuse the trainer's batch seeds
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    scheme: str
+    calibration_samples: int = 32
+    seed: int = 0
+    keep_shear_fp32: bool = True
+
+    @property
+    def static(self) -> bool:
+        return self.scheme == "int8"
+
+
+def check_spec(spec: QuantSpec, target: str) -> None:
+    if spec.scheme not in SCHEMES:
+        raise ExportError(f"unknown quantization {spec.scheme!r}; choose one of "
+                          f"{', '.join(SCHEMES)}")
+    if target == "portable":
+        raise ExportError("int8 needs a backend with int8 kernels; use --target xnnpack or onnx")
+    if spec.static and spec.calibration_samples < 1:
+        raise ExportError(f"--calibration-samples must be positive, got "
+                          f"{spec.calibration_samples}")
+    if not spec.static and not spec.keep_shear_fp32:
+        raise ExportError("int8-dynamic quantizes linears only; the shear cannot be quantized "
+                          "with dynamic activations (drop --quantize-shear)")
+
+
+def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
+                       max_len: int) -> np.ndarray:
+    """`[n, T]` token ids from the train split of the checkpoint's task (deterministic)."""
+    from psa_edge.tasks import task_from_dict
+
+    if task_dict is None:
+        raise ExportError("static int8 calibrates on the checkpoint's own task, and this "
+                          "checkpoint records none")
+    task = task_from_dict(task_dict)
+    if task.vocab_size != vocab_size:
+        raise ExportError(f"the checkpoint's task {task.name} has vocabulary "
+                          f"{task.vocab_size}, the model's is {vocab_size}")
+    tokens, _ = task.sample("train", spec.calibration_samples, CALIBRATION_SEED_BASE + spec.seed)
+    return tokens[:, :max_len]
+
+
+def calibration_record(task_dict: dict | None, tokens: np.ndarray | None, spec: QuantSpec,
+                       tool: str) -> dict:
+    record = {"scheme": spec.scheme, "tool": tool, "weights": "int8 per-channel symmetric",
+              "activations": ("int8 per-tensor, static (calibrated)" if spec.static
+                              else "int8, dynamic (scales computed per call)"),
+              "keep_shear_fp32": spec.keep_shear_fp32, "calibration": None}
+    if tokens is not None:
+        record["calibration"] = {
+            "task": task_dict, "split": "train", "samples": int(tokens.shape[0]),
+            "tokens_per_sample": int(tokens.shape[1]), "seed": spec.seed,
+            "tokens_sha256": hashlib.sha256(tokens.astype(np.int64).tobytes()).hexdigest()}
+    return record
+
+
+def histogram(names) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in names:
+        out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------------------------------------
+# ExecuTorch: PT2E
+
+def shear_chains(graph: torch.fx.Graph) -> list[tuple]:
+    """(sub, mul, add) of every shear `x + gamma (x - prev(x))` in an aten-level FX graph: a Sub
+    whose second input is a slice of a concat that holds its first input (the one-step shift of
+    `ops.previous`), its Mul, and the Add of that Mul back onto the stream."""
+    chains = []
+    for sub in graph.nodes:
+        if sub.target != aten.sub.Tensor:
+            continue
+        stream, shifted = sub.args[:2]
+        source = shifted
+        while getattr(source, "target", None) == aten.slice.Tensor:
+            source = source.args[0]
+        if getattr(source, "target", None) != aten.cat.default or stream not in source.args[0]:
+            continue
+        for mul in (u for u in sub.users if u.target == aten.mul.Tensor):
+            for add in (u for u in mul.users if u.target == aten.add.Tensor and stream in u.args):
+                chains.append((sub, mul, add))
+    return chains
+
+
+def make_shear_quantizer(act_spec):
+    """A PT2E quantizer that annotates the shear's Sub, Mul and Add with static int8
+    activations (ExecuTorch's XNNPACKQuantizer has no pattern for sub)."""
+    from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, Quantizer
+
+    class ShearQuantizer(Quantizer):
+        def annotate(self, model):
+            for sub, mul, add in shear_chains(model.graph):
+                for node, inputs in ((sub, sub.args[:2]), (mul, [sub]), (add, add.args)):
+                    node.meta["quantization_annotation"] = QuantizationAnnotation(
+                        input_qspec_map={a: act_spec for a in inputs
+                                         if isinstance(a, torch.fx.Node)},
+                        output_qspec=act_spec, _annotated=True)
+            return model
+
+        def validate(self, model):
+            pass
+
+    return ShearQuantizer()
+
+
+def quantize_pt2e(program: torch.export.ExportedProgram, example: tuple, flat_shapes: tuple,
+                  spec: QuantSpec, calibration_args: list[tuple]
+                  ) -> tuple[torch.export.ExportedProgram, dict]:
+    """The converted (Q/DQ) program, re-exported with the same dynamic shapes (given flat: the
+    unlifted module takes the state tensors as separate arguments), and the quantized / float
+    op histograms of the annotated graph. `calibration_args` are the argument tuples fed to
+    the prepared module; with none (dynamic), the example inputs are fed once, because the
+    weight observers only compute per-channel scales after a forward pass (unobserved, they
+    fall back to one default scale and XNNPACK refuses the weights)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer, get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.composable_quantizer import ComposableQuantizer
+
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=not spec.static)
+    quantizers = [XNNPACKQuantizer().set_operator_type(aten.linear.default, config)]
+    if not spec.keep_shear_fp32:
+        quantizers.append(make_shear_quantizer(config.input_activation))
+    with quiet(), torch.no_grad():
+        module = prepare_pt2e(program.module(), ComposableQuantizer(quantizers))
+        ops = pt2e_op_histograms(module.graph)
+        for args in calibration_args or [example]:
+            module(*args)
+        module = convert_pt2e(module)
+        converted = torch.export.export(module, example, dynamic_shapes=flat_shapes,
+                                        strict=False)
+    return converted, ops
+
+
+def pt2e_op_histograms(graph: torch.fx.Graph) -> dict:
+    annotated, plain = [], []
+    for node in graph.nodes:
+        if node.op != "call_function" or "observer" in node.name:
+            continue
+        name = str(node.target).removeprefix("aten.")
+        annotation = node.meta.get("quantization_annotation")
+        is_quantized = annotation is not None and annotation._annotated and (
+            annotation.output_qspec is not None or annotation.input_qspec_map)
+        if is_quantized and node.target in (aten.linear.default, aten.sub.Tensor,
+                                            aten.mul.Tensor, aten.add.Tensor):
+            annotated.append(name)
+        elif not name.startswith(("sym_size", "getitem", "_assert", "_guards")):
+            plain.append(name)
+    return {"quantized_ops": histogram(annotated), "float_ops": histogram(plain)}
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX: ONNX Runtime quantization
+
+def onnx_weight_matmuls(model) -> list[str]:
+    initializers = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul"
+            and n.input[1] in initializers]
+
+
+def onnx_shear_nodes(model) -> list[str]:
+    """Names of the Sub, Mul, Add nodes of every shear in an ONNX graph (same structure as
+    `shear_chains`: Sub(x, Slice(Concat(prev, x))) -> Mul(gamma) -> Add(., x))."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    names = []
+    for sub in (n for n in model.graph.node if n.op_type == "Sub"):
+        stream, shifted = sub.input
+        source = producer.get(shifted)
+        while source is not None and source.op_type == "Slice":
+            source = producer.get(source.input[0])
+        if source is None or source.op_type != "Concat" or stream not in source.input:
+            continue
+        for mul in (c for c in consumers.get(sub.output[0], []) if c.op_type == "Mul"):
+            for add in (c for c in consumers.get(mul.output[0], [])
+                        if c.op_type == "Add" and stream in c.input):
+                names += [sub.name, mul.name, add.name]
+    return names
+
+
+def quantize_onnx(model_proto, spec: QuantSpec, calibration_feeds: list[dict]) -> tuple:
+    """(quantized ModelProto, op histograms) after ONNX Runtime's pre-processing.
+    `calibration_feeds` are the input dicts of the calibration reader (static only)."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
+                                          QuantType, quantize_dynamic, quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter(calibration_feeds)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    with tempfile.TemporaryDirectory() as tmp, quiet():
+        src, pre, out = (Path(tmp) / n for n in ("float.onnx", "pre.onnx", "int8.onnx"))
+        onnx.save(model_proto, src)
+        quant_pre_process(str(src), str(pre))
+        prepared = onnx.load(str(pre))
+        targets = onnx_weight_matmuls(prepared)
+        shear = [] if spec.keep_shear_fp32 else onnx_shear_nodes(prepared)
+        common = dict(per_channel=True, weight_type=QuantType.QInt8,
+                      nodes_to_quantize=targets + shear,
+                      op_types_to_quantize=["MatMul"] + (["Sub", "Mul", "Add"] if shear else []))
+        if spec.static:
+            # Asymmetric int8 activations, MinMax ranges: top-1 agreement 0.982 on the default
+            # model against 0.980 for symmetric ones (docs/quantization.md).
+            quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                            activation_type=QuantType.QInt8,
+                            calibrate_method=CalibrationMethod.MinMax,
+                            extra_options={"ActivationSymmetric": False}, **common)
+        else:
+            quantize_dynamic(str(pre), str(out), **common)
+        quantized = onnx.load(str(out))
+    kinds = {n.name: n.op_type for n in prepared.graph.node}
+    chosen = set(targets + shear)
+    ops = {"quantized_ops": histogram(kinds[n] for n in chosen),
+           "float_ops": histogram(t for n, t in kinds.items() if n not in chosen)}
+    return quantized, ops

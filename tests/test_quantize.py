@@ -1,0 +1,232 @@
+"""int8 quantization (SPEC §5): the exporter's int8 builds and `psa-edge quant-check`.
+
+The shipped default model is the subject where accuracy matters (a good and a deliberately
+damaged int8 build); tiny random models cover determinism, delegation, the shear's placement
+in fp32 and cache parity with the twin. Each artifact is exported once per session."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from conftest import REPO, make_model
+from psa_edge.errors import ExportError
+from psa_edge.export import pipeline
+from psa_edge.export.pipeline import ExportRequest, run_export
+from psa_edge.export.quantize import QuantSpec, onnx_shear_nodes
+from psa_edge.io import sha256_file
+from psa_edge.model.checkpoint import save_checkpoint
+from psa_edge.runtime.decode import decode_chunks
+from psa_edge.runtime.graph import open_graph
+from psa_edge.runtime.session import open_session
+
+DEFAULT = REPO / "models" / "psa-default.pt"
+STATIC, DYNAMIC = QuantSpec("int8"), QuantSpec("int8-dynamic")
+TINY_LEN = 48
+
+
+def cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qckpt") / "tiny.pt"
+    model = make_model("key-only", num_attention_heads=4, num_key_value_heads=2,
+                       num_hidden_layers=2)
+    save_checkpoint(path, model, {"task": {"name": "ih-sht", "params": {"seq_len": 64,
+                                                                          "alphabet": 64}}})
+    return path
+
+
+@pytest.fixture(scope="session")
+def int8(tiny_checkpoint, tmp_path_factory):
+    """Tiny-model int8 artifacts: name -> path."""
+    root = tmp_path_factory.mktemp("int8")
+    cases = {"onnx": ("onnx", STATIC, False), "onnx-seed1": ("onnx", QuantSpec("int8", seed=1),
+                                                             False),
+             "onnx-shear": ("onnx", QuantSpec("int8", keep_shear_fp32=False), False),
+             "onnx-twin": ("onnx", STATIC, True), "xnnpack": ("xnnpack", STATIC, False),
+             "xnnpack-dynamic": ("xnnpack", DYNAMIC, False)}
+    out = {}
+    for name, (target, spec, twin) in cases.items():
+        out[name] = root / (name + (".onnx" if target == "onnx" else ".pte"))
+        run_export(ExportRequest(tiny_checkpoint, target, out[name], TINY_LEN, twin, quant=spec))
+    return out
+
+
+@pytest.fixture(scope="session")
+def default_int8(tmp_path_factory):
+    """The default model's ONNX and XNNPACK static int8 builds, and an ONNX int8 build whose
+    weights were perturbed before export while its manifest still names the default model."""
+    root = tmp_path_factory.mktemp("default-int8")
+    out = {"onnx": root / "default.int8.onnx", "xnnpack": root / "default.int8.pte",
+           "damaged": root / "damaged.int8.onnx"}
+    run_export(ExportRequest(DEFAULT, "onnx", out["onnx"], quant=STATIC))
+    run_export(ExportRequest(DEFAULT, "xnnpack", out["xnnpack"], quant=STATIC))
+    transform = pipeline.transform
+
+    def damaging_transform(model, req):
+        model = transform(model, req)
+        with torch.no_grad():
+            generator = torch.Generator().manual_seed(0)
+            weight = model.model.layers[0].self_attn.k_proj.weight
+            weight.add_(0.6 * weight.std() * torch.randn(weight.shape, generator=generator))
+        return model
+
+    pipeline.transform = damaging_transform
+    try:
+        run_export(ExportRequest(DEFAULT, "onnx", out["damaged"], quant=STATIC))
+    finally:
+        pipeline.transform = transform
+    return out
+
+
+@pytest.mark.parametrize("name", ["onnx", "xnnpack"])
+def test_quant_check_passes_on_the_default_int8_build(default_int8, name):
+    result = cli("quant-check", DEFAULT, default_int8[name], "--samples", "12", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    m = report["metrics"]
+    assert report["passed"] and report["quantization"] == "int8"
+    assert m["top1_agreement"] >= 0.98 and m["accuracy_delta_points"] >= -1.0
+    assert 0 <= m["kl_mean"] <= m["kl_p99"] <= m["kl_max"] and m["max_abs_logit_error"] > 0
+    manifest = json.loads(open(f"{default_int8[name]}.json").read())
+    assert manifest["size_bytes"] <= 0.35 * 2_000_000  # the float artifacts are 2.0-2.1 MB
+
+
+def test_quant_check_fails_on_a_damaged_build(default_int8):
+    result = cli("quant-check", DEFAULT, default_int8["damaged"], "--samples", "12")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL: top-1 agreement" in result.stderr or "FAIL: accuracy drop" in result.stderr
+
+
+def test_calibration_is_deterministic_for_a_seed(int8, tiny_checkpoint, tmp_path):
+    again = tmp_path / "again.onnx"
+    run_export(ExportRequest(tiny_checkpoint, "onnx", again, TINY_LEN, quant=STATIC))
+    assert sha256_file(again) == sha256_file(int8["onnx"])
+    assert sha256_file(int8["onnx-seed1"]) != sha256_file(int8["onnx"])
+    calibration = [json.loads(open(f"{int8[n]}.json").read())["quantization"]["calibration"]
+                   for n in ("onnx", "onnx-seed1")]
+    assert calibration[0]["samples"] == 32 and calibration[0]["split"] == "train"
+    assert calibration[0]["tokens_sha256"] != calibration[1]["tokens_sha256"]
+
+
+def test_int8_keeps_cache_parity_with_its_twin(int8):
+    tokens = np.arange(20) % 64
+    psa, twin = open_session(int8["onnx"]), open_session(int8["onnx-twin"])
+    for chunk in (tokens[:7], tokens[7:8], tokens[8:]):
+        psa.feed(chunk)
+        twin.feed(chunk)
+        for key in twin.state:
+            assert psa.state[key].shape == twin.state[key].shape
+            assert psa.state[key].dtype == twin.state[key].dtype == np.float32
+        a, b = psa.sizes(), twin.sizes()
+        assert a["kv_cache_bytes"] == b["kv_cache_bytes"] > 0
+        assert a["kv_cache_bytes_at_max"] == b["kv_cache_bytes_at_max"]
+        assert a["slot_bytes"] == 2 * 2 * 16 * 4 and b["slot_bytes"] == 0
+
+
+@pytest.mark.parametrize("name", ["xnnpack", "xnnpack-dynamic"])
+def test_quantized_linears_are_delegated(int8, name):
+    m = json.loads(open(f"{int8[name]}.json").read())
+    assert m["quantization"]["quantized_ops"] == {"linear.default": 2 * 7 + 1}
+    outside = m["delegation"]["ops_outside_delegate"]
+    assert all(entry["why"] for entry in outside.values()), outside
+    for op in outside:
+        assert not any(k in op for k in ("linear", "quantize", "choose_qparams", "mm")), op
+
+
+def test_shear_stays_fp32_by_default_and_int8_when_asked(int8):
+    kept = onnx.load(str(int8["onnx"]))
+    producers = {o: n.op_type for n in kept.graph.node for o in n.output}
+    shear = onnx_shear_nodes(kept)
+    assert len(shear) == 3 * 2  # Sub, Mul, Add in each of 2 layers
+    for node in (n for n in kept.graph.node if n.name in shear):
+        assert not any(producers.get(i) == "DequantizeLinear" for i in node.input), node.name
+    q_manifest = json.loads(open(f"{int8['onnx-shear']}.json").read())["quantization"]
+    assert q_manifest["quantized_ops"] == {"Add": 2, "MatMul": 15, "Mul": 2, "Sub": 2}
+    assert not q_manifest["keep_shear_fp32"]
+    quantized = onnx.load(str(int8["onnx-shear"]))  # same pre-processing: same node names
+    producers = {o: n.op_type for n in quantized.graph.node for o in n.output}
+    for node in (n for n in quantized.graph.node if n.name in shear):
+        assert any(producers.get(i) == "DequantizeLinear" for i in node.input), node.name
+
+
+def test_int8_incremental_decoding_holds_under_chunking(int8, tiny_checkpoint):
+    """Static int8: any chunking gives the int8 all-at-once logits (its scales are fixed), and
+    those stay within the int8 bounds of the float reference."""
+    from psa_edge.export import parity
+    from psa_edge.model.checkpoint import load_checkpoint
+
+    graph = open_graph(int8["onnx"])
+    tokens = np.random.default_rng(3).integers(0, 64, size=40)
+    whole, _ = decode_chunks(graph, tokens, [40])
+    for chunks in ([1] * 40, [13, 1, 20, 6]):
+        assert np.abs(decode_chunks(graph, tokens, chunks)[0] - whole).max() < 1e-3
+    model, _ = load_checkpoint(tiny_checkpoint)
+    reference = parity.reference_logits(model, tokens)
+    assert np.abs(whole - reference).max() <= parity.INT8_MAX_REL_ERROR * np.abs(reference).max()
+
+
+def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatch):
+    from psa_edge.export import parity
+
+    monkeypatch.setattr(parity, "INT8_MIN_AGREEMENT", 1.01)
+    with pytest.raises(ExportError, match="argmax agreement"):
+        run_export(ExportRequest(tiny_checkpoint, "onnx", tmp_path / "m.onnx", TINY_LEN,
+                                 quant=STATIC))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("spec,target,message", [
+    (QuantSpec("int4"), "onnx", "unknown quantization"),
+    (STATIC, "portable", "int8 kernels"),
+    (QuantSpec("int8", calibration_samples=0), "onnx", "must be positive"),
+    (QuantSpec("int8-dynamic", keep_shear_fp32=False), "onnx", "dynamic"),
+])
+def test_export_int8_bad_input(tiny_checkpoint, tmp_path, spec, target, message):
+    with pytest.raises(ExportError, match=message):
+        run_export(ExportRequest(tiny_checkpoint, target, tmp_path / "m.onnx", quant=spec))
+    assert os.listdir(tmp_path) == []
+
+
+def test_export_int8_bad_input_cli(tiny_checkpoint, tmp_path):
+    """The CLI's side of the contract: one line on stderr, exit 2, nothing written."""
+    result = cli("export", tiny_checkpoint, "-o", tmp_path / "m.onnx", "--target", "onnx",
+                 "--quantize", "int4")
+    assert result.returncode == 2 and "unknown quantization" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
+
+
+def test_static_int8_needs_the_checkpoints_task(tmp_path):
+    path = tmp_path / "no-task.pt"
+    save_checkpoint(path, make_model("key-only"), {})
+    with pytest.raises(ExportError, match="records none"):
+        run_export(ExportRequest(path, "onnx", tmp_path / "m.onnx", quant=STATIC))
+    assert sorted(os.listdir(tmp_path)) == ["no-task.pt", "no-task.pt.json"]
+
+
+def test_quant_check_bad_input(int8, tiny_checkpoint, tmp_path):
+    from psa_edge.errors import PsaEdgeError
+    from psa_edge.export import quant_check
+
+    tampered = tmp_path / "t.onnx"
+    tampered.write_bytes(int8["onnx"].read_bytes() + b"x")
+    (tmp_path / "t.onnx.json").write_text(open(f"{int8['onnx']}.json").read())
+    for args, message in [((tiny_checkpoint, tampered), "does not match"),
+                          ((DEFAULT, int8["onnx"]), "was not exported from"),
+                          ((tiny_checkpoint, int8["onnx"], "mqar"), "vocabulary"),
+                          ((tiny_checkpoint, int8["onnx"], None, 0), "at least 1")]:
+        with pytest.raises(PsaEdgeError, match=message):
+            quant_check.prepare(*args)
+    result = cli("quant-check", DEFAULT, int8["onnx"])
+    assert result.returncode == 2 and "was not exported from" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

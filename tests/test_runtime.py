@@ -1,0 +1,321 @@
+"""The incremental-decoding runtime (SPEC §3-4) on real backends (ONNX Runtime, ExecuTorch),
+float: prefix reuse, rollback (state compared, slots included), speculative decoding (greedy
+equality, the sampling rule's distribution), cache parity, `verify`, bad input."""
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import CASES, REPO, make_model
+from psa_edge.errors import ArtifactError, SequenceError
+from psa_edge.model.checkpoint import load_checkpoint
+from psa_edge.model.transformer import twin_of
+from psa_edge.runtime import speculative
+from psa_edge.runtime.generate import Sampling, distribution, generate
+from psa_edge.runtime.session import Session, open_session
+from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter, ShiftedDrafter,
+                                          speculative_generate)
+from psa_edge.runtime.verify import verify
+
+BACKENDS = ["onnx", "xnnpack"]
+TOL = 1e-4
+
+
+def reference(checkpoints, name, tokens):
+    variant, _, twin, _ = CASES[name]
+    model, _ = load_checkpoint(checkpoints[variant])
+    model = twin_of(model) if twin else model
+    with torch.no_grad():
+        return model(torch.from_numpy(np.asarray(tokens, np.int64))[None])[0].numpy()
+
+
+def scale_tol(logits):
+    return TOL * max(1.0, float(np.abs(logits).max()))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_prefix_state_restored_for_several_continuations(artifacts, checkpoints, name):
+    session = open_session(artifacts[name])
+    rng = np.random.default_rng(1)
+    prefix = rng.integers(0, 64, size=20)
+    session.feed(prefix[:7])
+    session.feed(prefix[7:])
+    saved = session.snapshot()
+    for _ in range(3):
+        continuation = rng.integers(0, 64, size=9)
+        session.restore(saved)
+        reused = np.concatenate([session.feed(continuation[:4]), session.feed(continuation[4:])])
+        fresh = open_session(artifacts[name])
+        recomputed = fresh.feed(np.concatenate([prefix, continuation]))[20:]
+        expected = reference(checkpoints, name, np.concatenate([prefix, continuation]))[20:]
+        assert np.abs(reused - recomputed).max() <= scale_tol(expected)
+        assert np.abs(reused - expected).max() <= scale_tol(expected)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("kept", [0, 2, 5])
+def test_rollback_equals_a_sequence_that_never_saw_the_rejected_tokens(artifacts, name, kept):
+    """State compared, not only logits: caches and both slots (the model is symmetric)."""
+    session = open_session(artifacts[name])
+    rng = np.random.default_rng(kept)
+    prefix, proposed = rng.integers(0, 64, size=11), rng.integers(0, 64, size=5)
+    session.feed(prefix)
+    session.feed(proposed)
+    session.rollback(11 + kept)
+    clean = open_session(artifacts[name])
+    clean.feed(np.concatenate([prefix, proposed[:kept]]))
+    assert set(session.state) == set(clean.state)
+    assert {k.split(".")[1] for k in session.state} == {"key", "value", "prev_key", "prev_query"}
+    for key, value in clean.state.items():
+        assert session.state[key].shape == value.shape
+        assert np.abs(session.state[key] - value).max() <= 1e-5, key
+    assert session.tokens == clean.tokens
+    assert np.abs(session.last_logits - clean.last_logits).max() <= 1e-4
+    follow = rng.integers(0, 64, size=3)
+    assert np.abs(session.feed(follow) - clean.feed(follow)).max() <= 1e-4
+
+
+def test_rollback_reaches_back_over_single_token_chunks(artifacts):
+    """What a draft session needs: several one-token calls, then back to an earlier point."""
+    session, clean = open_session(artifacts["onnx"]), open_session(artifacts["onnx"])
+    tokens = np.arange(30) % 64
+    session.feed(tokens[:20])
+    for t in tokens[20:26]:
+        session.feed([t])
+    assert session.rollback_floor <= 18
+    session.rollback(22)
+    clean.feed(tokens[:22])
+    for key, value in clean.state.items():
+        assert np.abs(session.state[key] - value).max() <= 1e-5, key
+    with pytest.raises(SequenceError, match="use a snapshot"):
+        session.rollback(session.rollback_floor - 1)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_greedy_speculative_equals_target_greedy(artifacts, name):
+    target = open_session(artifacts[name])
+    prompt = np.random.default_rng(2).integers(0, 64, size=12)
+    plain = generate(target, prompt, 24)
+    drafters = {"agreeing": SessionDrafter(open_session(artifacts[name]), 64),
+                "never agreeing": ShiftedDrafter(SessionDrafter(open_session(artifacts[name]), 64),
+                                                 64),
+                "prompt lookup": PromptLookupDrafter(),
+                "other model": SessionDrafter(open_session(artifacts["onnx-twin"]), 64)}
+    for label, drafter in drafters.items():
+        result = speculative_generate(target, drafter, prompt, 24, draft_len=3)
+        assert result.tokens == plain.tokens, label
+        stats = result.stats
+        assert stats["tokens_per_target_call"] == 24 / stats["target_calls"]
+        if label == "agreeing":
+            assert stats["acceptance_rate"] == 1.0 and stats["tokens_per_target_call"] > 3
+        if label == "never agreeing":
+            assert stats["accepted"] == 0 and stats["target_calls"] == 24
+
+
+def test_cache_bytes_equal_the_twins(artifacts):
+    for psa_name, twin_name in (("onnx", "onnx-twin"), ("xnnpack", "xnnpack-twin")):
+        psa, twin = open_session(artifacts[psa_name]), open_session(artifacts[twin_name])
+        for length in (1, 9, 48):
+            psa.reset()
+            twin.reset()
+            psa.feed(np.arange(length) % 64)
+            twin.feed(np.arange(length) % 64)
+            a, b = psa.sizes(), twin.sizes()
+            assert a["kv_cache_bytes"] == b["kv_cache_bytes"] == 2 * 2 * 2 * length * 16 * 4
+            assert a["kv_cache_bytes_at_max"] == b["kv_cache_bytes_at_max"]
+            # prev_key [1, 2, 1, 16] + prev_query [1, 4, 1, 16] per layer, fp32, any length
+            assert a["slot_bytes"] == 2 * (2 + 4) * 16 * 4 and b["slot_bytes"] == 0
+
+
+def test_io_binding_path_equals_plain_run(artifacts):
+    from psa_edge.runtime.graph import OnnxGraph, read_manifest
+
+    path = artifacts["onnx"]
+    bound = Session(OnnxGraph(path, read_manifest(path), io_binding=True))
+    plain = open_session(path)
+    tokens = np.random.default_rng(4).integers(0, 64, size=30)
+    for chunk in (tokens[:10], tokens[10:11], tokens[11:20]):
+        assert np.array_equal(bound.feed(chunk), plain.feed(chunk))
+    bound.rollback(15)
+    plain.rollback(15)
+    for chunk in (tokens[20:21], tokens[21:30]):
+        assert np.array_equal(bound.feed(chunk), plain.feed(chunk))
+    assert all(np.array_equal(bound.state[k], plain.state[k]) for k in plain.state)
+
+
+# --------------------------------------------------------------------------- sampling rule
+
+ALPHA = 1e-3  # false-alarm rate of the goodness-of-fit test (a correct sampler fails 1 in 1000)
+
+
+def chi2_sf(x: float, dof: int) -> float:
+    """Upper tail of the chi-square distribution (Wilson-Hilferty), accurate to a few per
+    cent of the p-value for dof >= 3, which is all a threshold at 1e-3 needs."""
+    z = ((x / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def goodness_of_fit(counts: dict, expected_probs: dict, n: int) -> float:
+    """p-value of Pearson's test, cells with fewer than 5 expected pooled into one."""
+    big = {k for k, p in expected_probs.items() if p * n >= 5}
+    observed = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
+    expected = [expected_probs[k] * n for k in big] + [n * (1 - sum(expected_probs[k]
+                                                                    for k in big))]
+    pairs = [(o, e) for o, e in zip(observed, expected) if e > 0]
+    stat = sum((o - e) ** 2 / e for o, e in pairs)
+    return chi2_sf(stat, len(pairs) - 1)
+
+
+@pytest.fixture(scope="session")
+def small_vocab(tmp_path_factory):
+    """A target and a different draft model over a 6-token vocabulary, exported to ONNX."""
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.model.checkpoint import save_checkpoint
+
+    root, out = tmp_path_factory.mktemp("vocab6"), {}
+    for name, seed in (("target", 0), ("draft", 1)):
+        model = make_model("key-only", seed=seed, vocab_size=6)
+        with torch.no_grad():  # back to moderate logits: the distributions must be spread
+            model.lm_head.weight.mul_(0.05)
+        save_checkpoint(root / f"{name}.pt", model, {})
+        out[name] = root / f"{name}.onnx"
+        run_export(ExportRequest(root / f"{name}.pt", "onnx", out[name], 16))
+        out[f"{name}_model"] = model
+    return out
+
+
+def exact_pairs(model, prompt, sampling) -> dict:
+    """The target's exact distribution over the next two tokens."""
+    with torch.no_grad():
+        first = distribution(model(torch.tensor([prompt]))[0, -1].numpy(), sampling)
+        probs = {}
+        for a in range(6):
+            second = distribution(model(torch.tensor([prompt + [a]]))[0, -1].numpy(), sampling)
+            probs.update({(a, b): first[a] * second[b] for b in range(6)})
+    return probs
+
+
+def sampled_pairs(small_vocab, sampling, runs, drafter_factory) -> dict:
+    target = open_session(small_vocab["target"])
+    drafter = drafter_factory()
+    counts = {}
+    for seed in range(runs):
+        s = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+        result = speculative_generate(target, drafter, [1, 4, 2], 2, draft_len=2, sampling=s)
+        key = tuple(result.tokens)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def test_speculative_sampling_has_the_targets_distribution(small_vocab, monkeypatch):
+    sampling, runs = Sampling(temperature=1.0), 2000
+    probs = exact_pairs(small_vocab["target_model"], [1, 4, 2], sampling)
+    draft = lambda: SessionDrafter(open_session(small_vocab["draft"]), 6)  # noqa: E731
+    counts = sampled_pairs(small_vocab, sampling, runs, draft)
+    p_value = goodness_of_fit(counts, probs, runs)
+    assert p_value > ALPHA, p_value
+    # The same test rejects a wrong rule (always accept the draft): it has the power to fail.
+    monkeypatch.setattr(speculative, "accept", lambda logits, drafts, dists, s, rng: (
+        len(drafts), int(np.argmax(logits[len(drafts)]))))
+    wrong = sampled_pairs(small_vocab, sampling, runs, draft)
+    assert goodness_of_fit(wrong, probs, runs) < ALPHA
+
+
+def test_plain_sampling_with_top_k_and_top_p_has_the_targets_distribution(small_vocab):
+    sampling, runs = Sampling(temperature=0.8, top_k=4, top_p=0.9), 1500
+    probs = exact_pairs(small_vocab["target_model"], [1, 4, 2], sampling)
+    target, counts = open_session(small_vocab["target"]), {}
+    for seed in range(runs):
+        s = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+        key = tuple(generate(target, [1, 4, 2], 2, s).tokens)
+        counts[key] = counts.get(key, 0) + 1
+    assert all(probs[k] > 0 for k in counts)  # nothing outside top-k / top-p
+    assert goodness_of_fit(counts, probs, runs) > ALPHA
+
+
+# --------------------------------------------------------------------------- verify
+
+@pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable"])
+def test_verify_passes_on_float_artifacts(artifacts, checkpoints, name):
+    variant = CASES[name][0]
+    twin = artifacts["onnx-twin"] if variant == "symmetric" else None
+    report = verify(artifacts[name], checkpoints[variant], twin)
+    failed = [c for c in report["checks"] if not c["passed"]]
+    assert report["passed"], failed
+    assert [row["ratio"] for row in report["cache"]] == [1.0] * len(report["cache"])
+
+
+def test_verify_catches_a_rollback_that_leaves_the_slot(artifacts, checkpoints, monkeypatch):
+    rollback = Session.rollback
+
+    def keep_slot(self, length):  # cut the caches but leave the previous-key slot as it was
+        slots = {k: v for k, v in self.state.items() if "prev_" in k}
+        rollback(self, length)
+        self.state.update(slots)
+
+    monkeypatch.setattr(Session, "rollback", keep_slot)
+    report = verify(artifacts["onnx"], checkpoints["symmetric"])
+    checks = {c["name"]: c for c in report["checks"]}
+    assert not report["passed"] and not checks["3. rollback"]["passed"]
+
+
+def cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_verify_and_generate_cli(artifacts, checkpoints):
+    result = cli("verify", artifacts["onnx"], "--reference", checkpoints["symmetric"], "--twin",
+                 artifacts["onnx-twin"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS: every check" in result.stdout and "cache parity" in result.stdout
+    result = cli("generate", artifacts["onnx"], "--prompt", "ABCDABC", "-n", "6",
+                 "--prompt-lookup", "--json")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    report = json.loads(result.stdout)
+    assert len(report["tokens"]) == 6 and report["speculative"] == "prompt-lookup"
+
+
+# --------------------------------------------------------------------------- bad input
+
+def test_bad_input_leaves_the_session_usable(artifacts, small_vocab):
+    session = open_session(artifacts["onnx"])
+    tokens = np.arange(10) % 64
+    session.feed(tokens)
+    before = {k: v.copy() for k, v in session.state.items()}
+    with pytest.raises(SequenceError, match="outside the vocabulary"):
+        session.feed([3, 64])
+    with pytest.raises(SequenceError, match="max length"):
+        session.feed(np.zeros(40, np.int64))
+    with pytest.raises(SequenceError, match="max length"):
+        generate(session, tokens, 45)
+    other = open_session(artifacts["onnx-twin"])
+    with pytest.raises(ArtifactError, match="another artifact"):
+        session.restore(other.snapshot())
+    with pytest.raises(ArtifactError, match="vocabulary"):
+        SessionDrafter(open_session(small_vocab["target"]), 64)
+    assert all(np.array_equal(before[k], v) for k, v in session.state.items())
+    fresh = open_session(artifacts["onnx"])
+    fresh.feed(tokens)
+    assert np.array_equal(session.feed([5, 6]), fresh.feed([5, 6]))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-ids", "1,2,99"], "outside the vocabulary"),
+    (["--prompt", "AB", "-n", "47"], "max length"),
+    (["--prompt", "AB", "--draft", "DRAFT6"], "vocabulary"),
+    (["--prompt", "AB", "--prompt-ids", "1"], "exactly one"),
+])
+def test_generate_bad_input(artifacts, small_vocab, args, message):
+    args = [str(small_vocab["target"]) if a == "DRAFT6" else a for a in args]
+    result = cli("generate", artifacts["onnx"], *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
