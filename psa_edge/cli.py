@@ -186,7 +186,7 @@ def verify(
     """KV-cache parity, prefix reuse, rollback and speculative decoding against the float
     reference (SPEC §3-4); exit 1 unless every check passes."""
     from psa_edge.display import verify_table
-    from psa_edge.runtime.verify import verify as run_verify
+    from psa_edge.export.verify import verify as run_verify
 
     report = run_verify(artifact, reference, twin)
     if as_json:
@@ -198,12 +198,56 @@ def verify(
 
 
 @app.command()
+def bench(
+    artifact: Path = typer.Argument(..., help=".onnx or .pte (explicit-state or runner form)"),
+    vs: Optional[Path] = typer.Option(None, "--vs", help="The gamma = 0 twin, run interleaved."),
+    prompt: int = typer.Option(128, "-p", help="Prefill test: tokens in one call."),
+    gen: int = typer.Option(128, "-n", help="Decode test: tokens, one call each."),
+    reps: int = typer.Option(5, "-r", help="Timed repetitions after one warm-up."),
+    depth: int = typer.Option(0, "--depth", help="Context tokens before each test."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Backend threads."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of tokens/s."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table."),
+) -> None:
+    """Prefill and decode tokens/s like llama-bench; with --vs, PSA against its twin."""
+    from psa_edge.display import bench_tables, progress_bar
+    from psa_edge.runtime.bench import BenchSpec, dumps, execute, prepare_bench
+
+    prepared = prepare_bench(artifact, BenchSpec(prompt, gen, reps, depth, threads), vs)
+    with progress_bar("bench", reps, enabled=not (as_json or markdown)) as advance:
+        report = execute(prepared, progress=advance)
+    if as_json:
+        typer.echo(dumps(report))
+    else:
+        bench_tables(report, markdown)
+    if plot is not None:
+        from psa_edge.display import bench_plot
+
+        bench_plot([report], plot)
+
+
+@app.command()
+def bundle(
+    artifacts: list[Path] = typer.Argument(..., help="Artifacts (.onnx / .pte) to bundle."),
+    output: Path = typer.Option(..., "-o", "--output", help="Folder to write (new or empty)."),
+) -> None:
+    """Write a self-contained folder to copy to a device: artifacts, the torch-free runtime,
+    requirements and the commands for a Raspberry Pi and an Android phone."""
+    from psa_edge.runtime.bundle import write_bundle
+
+    record = write_bundle(artifacts, output)
+    typer.echo(f"wrote {output}: {len(record['artifacts'])} artifact(s), "
+               f"{len(record['files'])} files; see {output}/README.md")
+
+
+@app.command()
 def certify(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Executable certificates of the paper's operator-level claims; exit 1 if one fails."""
-    from rich.console import Console
     from rich.table import Table
 
     from psa_edge.certify import run_all
+    from psa_edge.display import make_console
 
     results = [c.to_dict() for c in run_all()]
     if as_json:
@@ -213,7 +257,7 @@ def certify(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -
         for c in results:
             table.add_row(c["name"], c["claim"], f"{c['residual']:.2e}", f"{c['tolerance']:.0e}",
                           "[green]PASS[/]" if c["passed"] else "[red]FAIL[/]")
-        Console(soft_wrap=True).print(table)
+        make_console().print(table)
     if not all(c["passed"] for c in results):
         raise typer.Exit(1)
 
@@ -233,6 +277,12 @@ def main() -> None:
         app(standalone_mode=True)
     except PsaEdgeError as exc:
         typer.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except ModuleNotFoundError as exc:  # a device bundle carries the runtime commands only
+        if not (exc.name or "").startswith(("psa_edge", "torch")):
+            raise
+        typer.echo(f"error: this command needs {exc.name}, which this installation (a device "
+                   f"bundle?) does not have", err=True)
         sys.exit(EXIT_BAD_INPUT)
 
 

@@ -20,7 +20,7 @@ from psa_edge.runtime.generate import Sampling, distribution, generate
 from psa_edge.runtime.session import Session, open_session
 from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter, ShiftedDrafter,
                                           speculative_generate)
-from psa_edge.runtime.verify import verify
+from psa_edge.export.verify import verify
 
 BACKENDS = ["onnx", "xnnpack"]
 TOL = 1e-4

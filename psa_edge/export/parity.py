@@ -57,13 +57,11 @@ def explicit_state_logits(artifact: Path, manifest: dict, tokens: np.ndarray,
 
 
 def runner_logits(artifact: Path, tokens: np.ndarray, chunks: list[int]) -> np.ndarray:
-    from executorch.runtime import Runtime
+    from psa_edge.runtime.graph import RunnerProgram
 
-    method = Runtime.get().load_program(str(artifact)).load_method("forward")
-    out, start = [], 0
+    program, out, start = RunnerProgram(artifact), [], 0
     for size in chunks:
-        chunk = torch.from_numpy(tokens[start:start + size])[None]
-        out.append(method.execute([chunk, torch.tensor([start], dtype=torch.long)])[0][0].numpy())
+        out.append(program.run(tokens[start:start + size], start))
         start += size
     return np.concatenate(out)
 

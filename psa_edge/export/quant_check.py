@@ -94,16 +94,11 @@ def check_source(checkpoint: Path, artifact: Path, manifest: dict) -> None:
 def artifact_decoder(artifact: Path, manifest: dict):
     """A function tokens `[T]` -> logits `[T, V]`, feeding the artifact one token per call."""
     if manifest.get("form") == "runner":
-        from executorch.runtime import Runtime
+        from psa_edge.runtime.graph import RunnerProgram
 
-        method = Runtime.get().load_program(str(artifact)).load_method("forward")
-
-        def run_runner(tokens: np.ndarray) -> np.ndarray:
-            # input_pos 0 starts a new sequence: the program masks the stale slot there.
-            return np.concatenate([
-                method.execute([torch.tensor([[int(t)]]), torch.tensor([pos])])[0][0].numpy()
-                for pos, t in enumerate(tokens)])
-        return run_runner
+        program = RunnerProgram(artifact)
+        return lambda tokens: np.concatenate([program.run(tokens[i:i + 1], i)
+                                              for i in range(len(tokens))])
     from psa_edge.runtime.session import open_session
 
     session = open_session(artifact)

@@ -13,6 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from psa_edge.display import make_console
+
 from psa_edge.runtime.graph import read_manifest
 
 
@@ -74,7 +76,7 @@ def inspect_artifact(path: str | Path) -> dict:
 
 
 def print_summary(manifest: dict) -> None:
-    console = Console(soft_wrap=True)
+    console = make_console()
     parity = manifest["parity"]
     errors = parity["max_abs_logit_error"]
     console.print(f"wrote [bold]{manifest['artifact']}[/] ({manifest['size_bytes'] / 1e6:.2f} MB, "
@@ -113,7 +115,7 @@ def print_delegation(console: Console, d: dict) -> None:
 
 
 def print_inspection(info: dict) -> None:
-    console = Console(soft_wrap=True)
+    console = make_console()
     m = info["manifest"]
     head = Table(title=f"{Path(info['artifact']).name}", show_header=False)
     for key in ("target", "form", "variant", "gamma_q", "gamma_k", "twin", "max_seq_len",
@@ -137,7 +139,7 @@ def print_inspection(info: dict) -> None:
 
 def quant_check_table(result: dict) -> None:
     m = result["metrics"]
-    console = Console(soft_wrap=True)
+    console = make_console()
     task = result["task"]
     table = Table("metric", "float (reference)", f"artifact ({result['quantization']})", "delta",
                   title=f"quant-check {Path(result['artifact']).name}: {task['name']}, "

@@ -13,7 +13,7 @@ Backends:
   tools/runtime_bench.py);
 - `executorch`: ExecuTorch's Python runtime (`.pte`, xnnpack or portable), imported only here
   and only when such an artifact is opened (its pybindings take and return torch tensors);
-- `eager`: the PyTorch float reference (`psa_edge.runtime.eager`), for a `model.pt`.
+- `eager`: the PyTorch float reference (`psa_edge.export.eager`), for a `model.pt`.
 The manifest must match the artifact (sha256) or `ArtifactError` is raised.
 """
 
@@ -185,12 +185,7 @@ class PteGraph(Graph):
 
     def __init__(self, artifact: Path, manifest: dict):
         super().__init__(artifact, manifest)
-        import logging
-
-        # executorch.runtime imports torch and torchao, which log warnings about optional
-        # CUDA kernels and deprecations that are not the user's concern.
-        for name in ("torch", "torchao"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+        quiet_executorch_import()
         from executorch.runtime import Runtime
 
         try:
@@ -207,6 +202,36 @@ class PteGraph(Graph):
         return {n: o.numpy() for n, o in zip(self.spec.output_names, outputs)}
 
 
+class RunnerProgram:
+    """A runner-form `.pte` (`forward(tokens, input_pos) -> logits`, cache inside the program),
+    the form ExecuTorch's LLM runner drives. `run(tokens, position)` returns logits `[S, V]`;
+    position 0 starts a new sequence (the program masks its stale slot there)."""
+
+    def __init__(self, artifact: Path):
+        quiet_executorch_import()
+        from executorch.runtime import Runtime
+
+        try:
+            self.method = Runtime.get().load_program(str(artifact)).load_method("forward")
+        except Exception as exc:  # noqa: BLE001
+            raise ArtifactError(f"ExecuTorch cannot load {artifact}: {str(exc)[:160]}")
+
+    def run(self, tokens: np.ndarray, position: int) -> np.ndarray:
+        import torch  # ExecuTorch's pybindings take and return torch tensors
+
+        tokens = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))[None]
+        return self.method.execute([tokens, torch.tensor([position])])[0][0].numpy()
+
+
+def quiet_executorch_import() -> None:
+    """executorch.runtime imports torch and torchao, which log warnings about optional CUDA
+    kernels and deprecations that are not the user's concern."""
+    import logging
+
+    for name in ("torch", "torchao"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def as_torch(torch, array: np.ndarray):
     """A tensor with standard contiguous strides; ExecuTorch asserts on the zero strides that
     numpy gives an empty (P = 0) cache."""
@@ -219,7 +244,7 @@ def open_graph(artifact: str | Path, threads: int | None = None) -> Graph:
     artifact = Path(artifact)
     manifest = read_manifest(artifact)
     if manifest.get("kind") == "checkpoint":
-        from psa_edge.runtime.eager import EagerGraph
+        from psa_edge.export.eager import EagerGraph
 
         return EagerGraph(artifact, manifest)
     if manifest.get("form") != "explicit-state":

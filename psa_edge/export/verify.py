@@ -51,7 +51,7 @@ class Check:
 def reference_graph(artifact: Path, manifest: dict, reference: Path | None):
     from psa_edge.model.checkpoint import load_checkpoint
     from psa_edge.model.transformer import twin_of
-    from psa_edge.runtime.eager import EagerGraph
+    from psa_edge.export.eager import EagerGraph
 
     path = Path(reference or manifest.get("source_checkpoint", {}).get("checkpoint", ""))
     if not path.is_file():
@@ -206,7 +206,7 @@ def verify(artifact: str | Path, reference: str | Path | None = None,
                                 f"(beyond gamma)")
     else:
         from psa_edge.model.transformer import twin_of
-        from psa_edge.runtime.eager import EagerGraph
+        from psa_edge.export.eager import EagerGraph
 
         twin_session = Session(EagerGraph.from_model(twin_of(model), "twin",
                                                      manifest["max_seq_len"]))

@@ -3,8 +3,9 @@
 Contract: `EagerGraph(checkpoint)` (or `EagerGraph.from_model(model)`) steps the fp32
 `PSATransformer.forward_with_state` on numpy state, with the state names, shapes and raw
 outputs of an exported explicit-state graph, so a `Session` runs on it unchanged. It is the
-reference that `psa-edge verify` compares every backend against. Imports torch: the runtime
-imports this module only when a checkpoint (not an artifact) is opened.
+reference that `psa-edge verify` compares every backend against. Imports torch, so it lives
+here and not in `runtime/`; `runtime.graph.open_graph` imports it only when a checkpoint (not
+an artifact) is opened.
 """
 
 from __future__ import annotations

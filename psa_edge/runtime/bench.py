@@ -1,0 +1,300 @@
+"""`psa-edge bench`: prefill and decode speed of an artifact, modelled on llama.cpp's
+llama-bench (SPEC §6). numpy + onnxruntime; ExecuTorch only for a .pte.
+
+Contract: `run_bench(artifact, spec, vs=None)`:
+- tests: `pp{p}` (prefill of p tokens in one call) and `tg{n}` (n decode calls of one token),
+  each after a context of `depth` tokens (not timed), one warm-up run of each, then `reps`
+  timed runs. Token ids are fixed random draws: no tokenisation, no sampling is timed;
+- per test: tokens/s mean and stddev over the runs; for tg, per-token latency p50/p90 over
+  every decoded token; for pp, time to first token (the prefill call) mean;
+- `vs` (the gamma = 0 twin): both artifacts are opened in this process and run interleaved,
+  A B then B A alternately within every repetition; per repetition the time ratio PSA/twin is
+  taken, and its median and range reported, so drift of a noisy machine hits both sides;
+  `vs` must have the same config but for gamma, the same target and the same quantization;
+- runner-form `.pte` (`forward(tokens, input_pos)`): psa-edge's loop drives the method;
+  ExecuTorch's own TextLLMRunner also runs the same file (prompt of p tokens, n new) and its
+  prefill / decode rates from its Stats are reported beside;
+- also reported: artifact size, backend, precision, threads, RSS added by loading the artifact
+  (and warm-up) and the process's peak RSS, the machine, and FLOPs per decoded token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from psa_edge.errors import ArtifactError, SequenceError
+from psa_edge.runtime.graph import RunnerProgram, read_manifest, same_architecture
+from psa_edge.runtime.session import open_session
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    prompt: int = 128
+    gen: int = 128
+    reps: int = 5
+    depth: int = 0
+    threads: int | None = None
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":")[0].strip() in ("model name", "Hardware", "Model"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(),
+            "os": platform.platform(), "python": platform.python_version()}
+
+
+def rss_bytes() -> int:
+    """Current resident set size (Linux /proc; elsewhere the peak as an upper bound)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if platform.system() == "Darwin" else peak * 1024
+
+
+def flops_per_token(cfg: dict, context: int) -> dict:
+    """Multiply-adds x 2 of one decoded token at a given context length: the linears, the
+    attention scores and weighted sum over `context` positions, and the shear (3 d per sheared
+    stream, d the stream's width). RMSNorm, RoPE and softmax are left out (O(d), tiny)."""
+    h, hkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    dh, inter, vocab = d // h, cfg["intermediate_size"], cfg["vocab_size"]
+    linear = d * (h * dh + 2 * hkv * dh) + h * dh * d + 3 * d * inter
+    attention = 2 * h * dh * context
+    shear = 3 * ((hkv * dh if cfg["gamma_k"] else 0) + (h * dh if cfg["gamma_q"] else 0))
+    layers = cfg["num_hidden_layers"]
+    total = layers * (2 * linear + 2 * attention + shear) + 2 * d * vocab
+    return {"total": total, "shear": layers * shear, "context": context}
+
+
+class Runner:
+    """One artifact under test: prefill and decode timers over its own interface."""
+
+    def __init__(self, artifact: Path, threads: int | None):
+        before = rss_bytes()
+        self.artifact, self.manifest = artifact, read_manifest(artifact)
+        self.form = self.manifest.get("form")
+        if self.form == "runner":
+            self.program = RunnerProgram(artifact)
+        else:
+            self.session = open_session(artifact, threads)
+        self.vocab = self.manifest["config"]["vocab_size"]
+        self.load_rss = rss_bytes() - before
+
+    def _call(self, tokens: np.ndarray, position: int) -> None:
+        if self.form == "runner":
+            self.program.run(tokens, position)
+        else:
+            self.session.feed(tokens)
+
+    def start(self, context: np.ndarray) -> None:
+        if self.form != "runner":
+            self.session.reset()
+        if context.size:
+            self._call(context, 0)
+
+    def prefill(self, context: np.ndarray, prompt: np.ndarray) -> float:
+        self.start(context)
+        started = time.perf_counter()
+        self._call(prompt, context.size)
+        return time.perf_counter() - started
+
+    def decode(self, context: np.ndarray, tokens: np.ndarray) -> list[float]:
+        self.start(context)
+        times = []
+        for i, token in enumerate(tokens):
+            started = time.perf_counter()
+            self._call(tokens[i:i + 1], context.size + i)
+            times.append(time.perf_counter() - started)
+        return times
+
+
+def set_threads(artifacts: list[Path], threads: int | None) -> str:
+    """Thread count per backend; ExecuTorch's threadpool is process-wide."""
+    if any(read_manifest(a, check_hash=False).get("backend") == "executorch" for a in artifacts):
+        from executorch.extension.pybindings import portable_lib
+
+        if threads:
+            portable_lib._unsafe_reset_threadpool(threads)
+        return str(portable_lib._threadpool_get_thread_count())
+    return str(threads) if threads else f"onnxruntime default ({os.cpu_count()} cores)"
+
+
+def check_pair(a: dict, b: dict, names: tuple[str, str]) -> None:
+    if not same_architecture(a["config"], b["config"]):
+        raise ArtifactError(f"--vs {names[1]} has another config than {names[0]} (beyond "
+                            f"gamma); the comparison needs the gamma = 0 twin")
+    for field in ("target", "form"):
+        if a.get(field) != b.get(field):
+            raise ArtifactError(f"--vs {names[1]} has {field} {b.get(field)!r}, {names[0]} "
+                                f"{a.get(field)!r}")
+    scheme = lambda m: (m.get("quantization") or {}).get("scheme", "fp32")  # noqa: E731
+    if scheme(a) != scheme(b):
+        raise ArtifactError(f"--vs {names[1]} is {scheme(b)}, {names[0]} is {scheme(a)}")
+
+
+def summarize(times: list[float], tokens: int) -> dict:
+    rates = [tokens / t for t in times]
+    return {"tokens_per_second": statistics.mean(rates),
+            "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+            "seconds_mean": statistics.mean(times)}
+
+
+def ratio(a: list[float], b: list[float]) -> dict:
+    pairs = [x / y for x, y in zip(a, b)]
+    return {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs),
+            "per_rep": pairs}
+
+
+@dataclass
+class Bench:
+    """A checked benchmark: the opened artifacts, ready to run."""
+    spec: BenchSpec
+    runners: list[Runner]
+    manifests: list[dict]
+    threads: str
+    has_twin: bool
+
+
+def prepare_bench(artifact: Path, spec: BenchSpec, vs: Path | None = None) -> Bench:
+    """Every check of the input, then the artifacts opened (`PsaEdgeError` on bad input)."""
+    artifact = Path(artifact)
+    paths = [artifact] + ([Path(vs)] if vs else [])
+    manifests = [read_manifest(p) for p in paths]
+    if vs:
+        check_pair(manifests[0], manifests[1], (artifact.name, Path(vs).name))
+    max_len = manifests[0]["max_seq_len"]
+    if spec.depth + max(spec.prompt, spec.gen) > max_len or min(spec.prompt, spec.gen,
+                                                                spec.reps) < 1:
+        raise SequenceError(f"depth {spec.depth} + max(p {spec.prompt}, n {spec.gen}) must fit "
+                            f"the artifact's max length {max_len}, with p, n, r >= 1")
+    threads = set_threads(paths, spec.threads)
+    return Bench(spec, [Runner(p, spec.threads) for p in paths], manifests, threads, bool(vs))
+
+
+def run_bench(artifact: Path, spec: BenchSpec, vs: Path | None = None, progress=None) -> dict:
+    return execute(prepare_bench(artifact, spec, vs), progress)
+
+
+def execute(bench: Bench, progress=None) -> dict:
+    spec, runners, manifests, vs = bench.spec, bench.runners, bench.manifests, bench.has_twin
+    artifact, threads = runners[0].artifact, bench.threads
+    rng = np.random.default_rng(0)
+    vocab = runners[0].vocab
+    context = rng.integers(0, vocab, size=spec.depth)
+    prompt, gen = rng.integers(0, vocab, size=spec.prompt), rng.integers(0, vocab, size=spec.gen)
+    for r in runners:  # warm-up
+        r.prefill(context, prompt)
+        r.decode(context, gen[:min(8, spec.gen)])
+    pp = [[] for _ in runners]
+    tg = [[] for _ in runners]
+    for rep in range(spec.reps):
+        order = list(range(len(runners)))[::1 if rep % 2 == 0 else -1]
+        for i in order:
+            pp[i].append(runners[i].prefill(context, prompt))
+        for i in order:
+            tg[i].append(runners[i].decode(context, gen))
+        if progress:
+            progress()
+    results = []
+    for i, (r, m) in enumerate(zip(runners, manifests)):
+        steps = np.concatenate(tg[i])
+        results.append({
+            "artifact": str(r.artifact), "label": "twin" if vs and i == 1 else "artifact",
+            "target": m.get("target"), "backend": m.get("backend"), "form": r.form,
+            "precision": (m.get("quantization") or {}).get("scheme", "fp32"),
+            "variant": m.get("variant"), "gamma_k": m.get("gamma_k"),
+            "gamma_q": m.get("gamma_q"), "size_bytes": r.artifact.stat().st_size,
+            "load_rss_bytes": r.load_rss,
+            f"pp{spec.prompt}": {**summarize(pp[i], spec.prompt),
+                                 "ttft_ms_mean": 1e3 * statistics.mean(pp[i])},
+            f"tg{spec.gen}": {**summarize([sum(t) for t in tg[i]], spec.gen),
+                              "latency_ms_p50": 1e3 * float(np.percentile(steps, 50)),
+                              "latency_ms_p90": 1e3 * float(np.percentile(steps, 90))},
+            "flops_per_token": flops_per_token(m["config"], spec.depth + spec.gen // 2)})
+    report = {"spec": vars(spec) | {}, "threads": threads, "machine": machine(),
+              "depth": spec.depth, "results": results, "peak_rss_bytes": peak_rss_bytes()}
+    if vs:
+        report["ratio_psa_over_twin"] = {
+            f"pp{spec.prompt}_time": ratio(pp[0], pp[1]),
+            f"tg{spec.gen}_time": ratio([sum(t) for t in tg[0]], [sum(t) for t in tg[1]]),
+            f"tg{spec.gen}_latency_p50": {"median": float(np.median(np.concatenate(tg[0])) /
+                                                          np.median(np.concatenate(tg[1])))}}
+    if runners[0].form == "runner":
+        report["executorch_runner"] = executorch_runner_stats(artifact, manifests[0], spec)
+    return report
+
+
+def executorch_runner_stats(artifact: Path, manifest: dict, spec: BenchSpec) -> dict:
+    """ExecuTorch's own TextLLMRunner on the same .pte: its Stats, per run, as rates."""
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    from psa_edge.tokenizer import decode
+
+    tokenizer = artifact.with_name(manifest["tokenizer"])
+    runner = TextLLMRunner(str(artifact), str(tokenizer))
+    prompt = decode(np.random.default_rng(1).integers(0, manifest["config"]["vocab_size"],
+                                                      size=spec.prompt))
+    collected = []
+    config = GenerationConfig(echo=False, max_new_tokens=spec.gen, temperature=0.0,
+                              seq_len=spec.prompt + spec.gen)
+    with native_stderr_silenced():  # the runner logs every run's report at INFO level
+        for _ in range(spec.reps + 1):  # the first run warms up and is dropped
+            runner.reset()
+            runner.generate(prompt, config, token_callback=lambda _: None,
+                            stats_callback=collected.append)
+    runs = []
+    for s in collected[1:]:
+        prefill_ms = max(1, s.prompt_eval_end_ms - s.inference_start_ms)
+        decode_ms = max(1, s.inference_end_ms - s.prompt_eval_end_ms)
+        runs.append({"prompt_tokens": s.num_prompt_tokens,
+                     "generated_tokens": s.num_generated_tokens,
+                     "prefill_tokens_per_second": 1e3 * s.num_prompt_tokens / prefill_ms,
+                     "decode_tokens_per_second": 1e3 * s.num_generated_tokens / decode_ms})
+    mean = lambda k: statistics.mean(r[k] for r in runs)  # noqa: E731
+    spread = lambda k: statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0  # noqa
+    return {"runs": runs, "prefill_tokens_per_second": mean("prefill_tokens_per_second"),
+            "prefill_stddev": spread("prefill_tokens_per_second"),
+            "decode_tokens_per_second": mean("decode_tokens_per_second"),
+            "decode_stddev": spread("decode_tokens_per_second"),
+            "note": "ExecuTorch Stats (ms timestamps): prefill = prompt_eval_end - "
+                    "inference_start; decode = inference_end - prompt_eval_end over "
+                    "num_generated_tokens, which the runner counts without the first token "
+                    "(it comes out of the prefill)"}
+
+
+@contextlib.contextmanager
+def native_stderr_silenced():
+    """Native code writes to file descriptor 2 directly; point it at /dev/null meanwhile."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def dumps(report: dict) -> str:
+    return json.dumps(report, indent=2, default=float)

@@ -1,0 +1,182 @@
+"""`psa-edge bundle`: a self-contained folder to copy to a Raspberry Pi or an Android phone.
+
+Contract: `write_bundle(artifacts, out)` checks every artifact against its manifest, then
+writes into a temporary folder beside `out` and renames it into place (an existing non-empty
+`out` is refused, a failure leaves nothing):
+- `models/`: the artifacts, their manifests (and a runner-form program's tokenizer.json);
+- `psa_edge/`: the device runtime only (the CLI, `runtime/`, errors, io, tokenizer, display):
+  numpy + onnxruntime (+ typer, rich for the CLI), ExecuTorch's runtime for a .pte; commands
+  that need torch (train, export, ...) are not in it;
+- `psa-edge`: a launcher (`python3 -m psa_edge.cli`);
+- `requirements-onnx.txt` (aarch64 Linux: numpy, onnxruntime, typer, rich, pinned to the
+  versions this bundle was tested with) and, when a .pte is bundled,
+  `requirements-executorch.txt` (the executorch wheel and the torch it needs);
+- `README.md`: the exact commands for a Raspberry Pi (64-bit OS) and for an Android phone
+  (Termux + Python for the ONNX path; ExecuTorch's llama runner / benchmark app for a .pte);
+- `bundle.json`: every file with its sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from psa_edge.errors import OutputError
+from psa_edge.io import manifest_path, sha256_file
+from psa_edge.runtime.graph import read_manifest
+
+PACKAGE = Path(__file__).resolve().parent.parent
+RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "tokenizer.py", "display.py", "cli.py",
+                 "runtime/__init__.py", "runtime/graph.py", "runtime/session.py",
+                 "runtime/decode.py", "runtime/generate.py", "runtime/speculative.py",
+                 "runtime/run.py", "runtime/bench.py", "runtime/bundle.py"]
+ONNX_REQUIREMENTS = ("numpy", "onnxruntime", "typer", "rich")
+EXECUTORCH_REQUIREMENTS = ("executorch", "torch")
+
+
+def pinned(names) -> str:
+    lines = []
+    for name in names:
+        try:
+            version = metadata.version(name).split("+")[0]  # 2.13.0+cpu -> 2.13.0
+            lines.append(f"{name}=={version}")
+        except metadata.PackageNotFoundError:
+            lines.append(name)
+    return "\n".join(lines) + "\n"
+
+
+def write_bundle(artifacts: list[Path], out: Path) -> dict:
+    artifacts = [Path(a) for a in artifacts]
+    out = Path(out)
+    if not artifacts:
+        raise OutputError("give at least one artifact to bundle")
+    manifests = [read_manifest(a) for a in artifacts]  # refuses a mismatched manifest
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OutputError(f"{out} exists and is not an empty folder")
+    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        raise OutputError(f"output directory {out.parent} does not exist or is not writable")
+    names = [a.name for a in artifacts]
+    if len(set(names)) != len(names):
+        raise OutputError("two artifacts have the same file name")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        build(tmp, artifacts, manifests)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return json.loads((out / "bundle.json").read_text())
+
+
+def build(root: Path, artifacts: list[Path], manifests: list[dict]) -> None:
+    (root / "models").mkdir()
+    for artifact, manifest in zip(artifacts, manifests):
+        shutil.copy2(artifact, root / "models" / artifact.name)
+        shutil.copy2(manifest_path(artifact), root / "models" / manifest_path(artifact).name)
+        if manifest.get("tokenizer"):
+            shutil.copy2(artifact.with_name(manifest["tokenizer"]),
+                         root / "models" / manifest["tokenizer"])
+    for rel in RUNTIME_FILES:
+        (root / "psa_edge" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(PACKAGE / rel, root / "psa_edge" / rel)
+    launcher = root / "psa-edge"
+    launcher.write_text('#!/bin/sh\n# The psa-edge device runtime of this bundle.\n'
+                        'cd "$(dirname "$0")" && exec python3 -m psa_edge.cli "$@"\n')
+    launcher.chmod(0o755)
+    has_pte = any(m.get("backend") == "executorch" for m in manifests)
+    (root / "requirements-onnx.txt").write_text(pinned(ONNX_REQUIREMENTS))
+    if has_pte:
+        (root / "requirements-executorch.txt").write_text(
+            pinned(ONNX_REQUIREMENTS + EXECUTORCH_REQUIREMENTS))
+    (root / "README.md").write_text(readme(artifacts, manifests, has_pte))
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    record = {"psa_edge": metadata_version(), "artifacts": [a.name for a in artifacts],
+              "files": {str(p.relative_to(root)): sha256_file(p) for p in files}}
+    (root / "bundle.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def metadata_version() -> str:
+    from psa_edge import __version__
+
+    return __version__
+
+
+def readme(artifacts: list[Path], manifests: list[dict], has_pte: bool) -> str:
+    onnx = next((a.name for a, m in zip(artifacts, manifests) if m.get("target") == "onnx"),
+                None)
+    pte = next((a.name for a, m in zip(artifacts, manifests) if m.get("backend") ==
+                "executorch" and m.get("form") == "explicit-state"), None)
+    runner = next((a for a, m in zip(artifacts, manifests) if m.get("form") == "runner"), None)
+    listing = "\n".join(f"- `models/{a.name}`: {m.get('target')} {m.get('form')}, "
+                        f"{(m.get('quantization') or {}).get('scheme', 'fp32')}, variant "
+                        f"{m.get('variant')} (gamma_k {m.get('gamma_k')}, gamma_q "
+                        f"{m.get('gamma_q')}), max length {m.get('max_seq_len')}"
+                        for a, m in zip(artifacts, manifests))
+    example = onnx or pte or (runner.name if runner else artifacts[0].name)
+    text = f"""# psa-edge device bundle
+
+{listing}
+
+Everything here runs without PyTorch on the ONNX path: `psa_edge/` is the device runtime of
+psa-edge (numpy + onnxruntime; typer and rich for the command line). Check the copy with
+`sha256sum` against `bundle.json`.
+
+## Raspberry Pi (Raspberry Pi OS 64-bit, Python 3.11)
+
+```sh
+python3 -m venv ~/psa && . ~/psa/bin/activate
+pip install -r requirements-onnx.txt          # aarch64 wheels of numpy and onnxruntime
+./psa-edge bench models/{example} -p 128 -n 128 -r 5
+./psa-edge generate models/{example} --prompt "ABCDEFGHABCD" -n 16 --prompt-lookup
+```
+"""
+    if has_pte:
+        text += f"""
+For a .pte (`{pte or (runner.name if runner else '')}`), ExecuTorch's Python runtime is needed
+as well; its wheel depends on torch (aarch64 CPU wheels exist for both):
+
+```sh
+pip install -r requirements-executorch.txt
+./psa-edge bench models/{pte or (runner.name if runner else '')} -p 128 -n 128 -r 5 --threads 4
+```
+"""
+    text += f"""
+With `--vs models/<twin>` the gamma = 0 twin runs interleaved and the PSA/twin time ratio is
+reported; `--json` for machines, `--plot bench.png` for a picture.
+
+## Android phone
+
+ONNX path, in Termux (F-Droid build) with its own Python packages (onnxruntime and numpy come
+from Termux's repository, not from PyPI, which has no Android wheels):
+
+```sh
+pkg install python python-numpy python-onnxruntime
+pip install typer rich
+cp -r /sdcard/Download/<this folder> ~/bundle && cd ~/bundle
+./psa-edge bench models/{example} -p 128 -n 128 -r 5
+```
+"""
+    if runner is not None:
+        text += f"""
+ExecuTorch path: the runner-form program `{runner.name}` and its tokenizer
+`{runner.with_name(next(m for a, m in zip(artifacts, manifests) if a == runner)['tokenizer']).name}`
+are what ExecuTorch's own LLM runner loads. Build `llama_main` for Android (arm64-v8a) with the
+NDK as ExecuTorch's LLM documentation describes (`examples/models/llama`), push it with `adb`
+and run it there; its report prints prompt-eval and generation tokens/s:
+
+```sh
+adb push models/{runner.name} models/{runner.name.removesuffix('.pte')}.tokenizer.json /data/local/tmp/psa/
+adb shell "cd /data/local/tmp/psa && ./llama_main --model_path {runner.name} \\
+    --tokenizer_path {runner.name.removesuffix('.pte')}.tokenizer.json --prompt ABCDABC --seq_len 64 --temperature 0"
+```
+
+Or load it in ExecuTorch's Android benchmark app (`extension/benchmark/android`), which reports
+the same figures.
+"""
+    return text

@@ -1,0 +1,167 @@
+"""`psa-edge bench` and `psa-edge bundle` (SPEC §6): every reported field, the --vs contract,
+the runner form with ExecuTorch's own runner, FLOPs against an independent count, and the
+bundle running torch-free from its own copy of the runtime."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import MAX_LEN, REPO, make_model
+from psa_edge.errors import ArtifactError, OutputError, SequenceError
+from psa_edge.runtime.bench import BenchSpec, flops_per_token, run_bench
+from psa_edge.runtime.bundle import write_bundle
+
+SMALL = BenchSpec(prompt=8, gen=8, reps=1)
+
+
+def cli(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
+
+
+def test_bench_json_has_every_field(artifacts, tmp_path):
+    plot = tmp_path / "bench.png"
+    result = cli("bench", artifacts["onnx"], "--vs", artifacts["onnx-twin"], "-p", "8", "-n",
+                 "8", "-r", "1", "--threads", "1", "--json", "--plot", plot)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["spec"] == {"prompt": 8, "gen": 8, "reps": 1, "depth": 0, "threads": 1}
+    assert set(report["machine"]) >= {"cpu", "cores", "arch", "os"}
+    assert report["threads"] == "1" and report["peak_rss_bytes"] > 0
+    psa, twin = report["results"]
+    assert (psa["label"], twin["label"]) == ("artifact", "twin")
+    for r in (psa, twin):
+        assert r["backend"] == "onnxruntime" and r["precision"] == "fp32"
+        assert r["size_bytes"] == os.path.getsize(r["artifact"]) and "load_rss_bytes" in r
+        assert r["pp8"]["tokens_per_second"] > 0 and r["pp8"]["ttft_ms_mean"] > 0
+        assert 0 < r["tg8"]["latency_ms_p50"] <= r["tg8"]["latency_ms_p90"]
+        assert r["tg8"]["stddev"] == 0.0  # one repetition
+        assert r["flops_per_token"]["total"] > 0
+    assert psa["flops_per_token"]["shear"] > 0 == twin["flops_per_token"]["shear"]
+    ratios = report["ratio_psa_over_twin"]
+    assert set(ratios) == {"pp8_time", "tg8_time", "tg8_latency_p50"}
+    assert ratios["tg8_time"]["min"] <= ratios["tg8_time"]["median"] <= ratios["tg8_time"]["max"]
+    assert plot.stat().st_size > 1000
+    table = cli("bench", artifacts["onnx"], "-p", "8", "-n", "8", "-r", "1", "--markdown")
+    assert table.returncode == 0 and "| pp8 |" in table.stdout and "| tg8 |" in table.stdout
+
+
+def test_bench_executorch_and_its_own_runner(artifacts):
+    report = run_bench(artifacts["xnnpack"], SMALL, artifacts["xnnpack-twin"])
+    assert [r["backend"] for r in report["results"]] == ["executorch"] * 2
+    runner = run_bench(artifacts["runner"], BenchSpec(prompt=8, gen=8, reps=2))
+    stats = runner["executorch_runner"]
+    # The runner counts generated tokens without the first one, which the prefill produces.
+    assert len(stats["runs"]) == 2 and all(r["generated_tokens"] == 7 for r in stats["runs"])
+    assert stats["prefill_tokens_per_second"] > 0 and stats["decode_tokens_per_second"] > 0
+    assert runner["results"][0]["form"] == "runner" and runner["results"][0]["tg8"]
+
+
+@pytest.fixture(scope="session")
+def other_config(tmp_path_factory):
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.model.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("other")
+    save_checkpoint(root / "one-layer.pt", make_model("baseline"), {})
+    run_export(ExportRequest(root / "one-layer.pt", "onnx", root / "one-layer.onnx", MAX_LEN))
+    return root / "one-layer.onnx"
+
+
+def test_vs_refuses_what_is_not_the_twin(artifacts, other_config):
+    with pytest.raises(ArtifactError, match="another config"):
+        run_bench(artifacts["onnx"], SMALL, other_config)
+    with pytest.raises(ArtifactError, match="target"):
+        run_bench(artifacts["onnx"], SMALL, artifacts["xnnpack-twin"])
+    with pytest.raises(SequenceError, match="max length"):
+        run_bench(artifacts["onnx"], BenchSpec(prompt=40, gen=8, reps=1, depth=16))
+    result = cli("bench", artifacts["onnx"], "--vs", other_config)
+    assert result.returncode == 2 and "another config" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_flops_per_token_matches_an_independent_count(gqa_models):
+    """The closed form against torch's FlopCounterMode on one decoded token (it counts the
+    matmuls; the shear is elementwise and is added separately, 3 d per sheared stream)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for variant, model in gqa_models.items():
+        context = 10
+        ids = torch.zeros(1, context, dtype=torch.long)
+        with torch.no_grad():
+            _, state, _ = model.forward_with_state(ids, model.empty_state(1))
+            with FlopCounterMode(display=False) as counter:
+                model.forward_with_state(torch.zeros(1, 1, dtype=torch.long), state)
+        cfg = model.cfg.to_dict()
+        counted = flops_per_token(cfg, context + 1)
+        assert counted["total"] - counted["shear"] == counter.get_total_flops(), variant
+        widths = {"baseline": 0, "key-only": 2 * 16, "symmetric": 6 * 16, "query-only": 4 * 16}
+        assert counted["shear"] == 2 * 3 * widths[variant]  # 2 layers
+
+
+def without_editable_install(bundle_dir, argv: list[str]) -> str:
+    """A script that imports psa_edge from the bundle only (the repo's editable install is
+    removed from the import system) with torch blocked, then runs the CLI."""
+    return f"""
+import sys
+sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path = [p for p in sys.path if p.rstrip("/") != {str(REPO)!r} and "__editable__" not in p]
+sys.path.insert(0, {str(bundle_dir)!r})
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, NoTorch())
+import psa_edge
+assert psa_edge.__file__.startswith({str(bundle_dir)!r}), psa_edge.__file__
+sys.argv = ["psa-edge", *{argv!r}]
+from psa_edge.cli import main
+main()
+"""
+
+
+def test_bundle_runs_bench_torch_free(artifacts, tmp_path):
+    out = tmp_path / "bundle"
+    record = write_bundle([artifacts["onnx"], artifacts["onnx-twin"], artifacts["runner"]], out)
+    files = set(record["files"])
+    assert {"models/onnx.onnx", "models/onnx.onnx.json", "models/runner.tokenizer.json",
+            "psa_edge/runtime/bench.py", "psa-edge", "requirements-onnx.txt",
+            "requirements-executorch.txt", "README.md"} <= files
+    assert not any(f.startswith(("psa_edge/model", "psa_edge/export", "psa_edge/train"))
+                   for f in files)
+    requirements = (out / "requirements-onnx.txt").read_text()
+    assert "onnxruntime==" in requirements and "torch" not in requirements
+    readme = (out / "README.md").read_text()
+    assert "Raspberry Pi" in readme and "Termux" in readme and "llama_main" in readme
+    script = without_editable_install(out, ["bench", "models/onnx.onnx", "--vs",
+                                            "models/onnx-twin.onnx", "-p", "8", "-n", "8", "-r",
+                                            "1", "--json"])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=out, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["ratio_psa_over_twin"]["tg8_time"]["median"] > 0
+    script = without_editable_install(out, ["train", "-o", "x.pt"])
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=out, env=env, timeout=120)
+    assert result.returncode == 2 and "does not have" in result.stderr
+    assert not (out / "x.pt").exists()
+
+
+def test_bundle_bad_input_leaves_nothing(artifacts, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "file").write_text("x")
+    with pytest.raises(OutputError, match="not an empty folder"):
+        write_bundle([artifacts["onnx"]], taken)
+    tampered = tmp_path / "t.onnx"
+    tampered.write_bytes(artifacts["onnx"].read_bytes() + b"x")
+    (tmp_path / "t.onnx.json").write_text(open(f"{artifacts['onnx']}.json").read())
+    with pytest.raises(ArtifactError, match="does not match"):
+        write_bundle([tampered], tmp_path / "new")
+    assert sorted(os.listdir(tmp_path)) == ["t.onnx", "t.onnx.json", "taken"]
