@@ -1,9 +1,11 @@
-"""`psa-edge demo`: walk the pipeline that exists so far on a checkpoint.
+"""`psa-edge demo`: walk the whole pipeline on a checkpoint, in a temporary folder.
 
 Steps: load the checkpoint (weights_only), describe it, score it on held-out data of its task,
 show one induction example, check that token-by-token decoding over explicit state gives the
-full-sequence logits, then export it to ONNX and ExecuTorch XNNPACK (into a temporary folder;
-the exporter's own parity probe) and decode the same example through ONNX Runtime.
+full-sequence logits; export it to ONNX and ExecuTorch XNNPACK (the exporter's parity probe)
+and decode the example through ONNX Runtime; build int8 and check it (`quant-check`); run
+`verify` (cache parity, prefix reuse, rollback, speculative equality); generate with
+prompt-lookup speculative decoding; benchmark PSA against its twin.
 """
 
 from __future__ import annotations
@@ -87,3 +89,46 @@ def export_step(console: Console, checkpoint: Path, tokens, reference) -> None:
         console.print(f"7. ONNX Runtime, token by token over the {len(tokens)}-token example: "
                       f"max |dlogit| vs eager {np.abs(logits - reference).max():.2e}, "
                       f"prediction {int(logits[-1].argmax())}")
+        runtime_steps(console, checkpoint, Path(tmp), tokens)
+
+
+def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None:
+    from psa_edge.export import quant_check
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.export.quantize import QuantSpec
+    from psa_edge.export.verify import verify
+    from psa_edge.runtime.bench import BenchSpec, run_bench
+    from psa_edge.runtime.generate import generate
+    from psa_edge.runtime.session import open_session
+    from psa_edge.runtime.speculative import PromptLookupDrafter, speculative_generate
+
+    int8 = run_export(ExportRequest(checkpoint, "onnx", tmp / "model.int8.onnx",
+                                    quant=QuantSpec("int8")))
+    check = quant_check.run(quant_check.prepare(checkpoint, tmp / "model.int8.onnx",
+                                                samples=16))
+    m = check["metrics"]
+    console.print(f"8. --quantize int8 (ONNX): {int8['size_bytes'] / 1e6:.2f} MB; quant-check on 16 "
+                  f"held-out sequences: accuracy {m['accuracy_float']:.3f} -> "
+                  f"{m['accuracy_artifact']:.3f}, top-1 agreement {m['top1_agreement']:.3f}, "
+                  f"mean KL {m['kl_mean']:.1e} -> {'PASS' if check['passed'] else 'FAIL'}")
+    run_export(ExportRequest(checkpoint, "onnx", tmp / "model.twin.onnx", twin=True))
+    report = verify(tmp / "model.onnx", checkpoint, tmp / "model.twin.onnx")
+    cache = report["cache"][-1]
+    console.print(f"9. verify: {', '.join(c['name'].split('. ')[1] + (' ok' if c['passed'] else ' FAIL') for c in report['checks'])}; "
+                  f"KV cache at {cache['length']} tokens {cache['psa_cache_bytes']:,} B = twin's "
+                  f"{cache['twin_cache_bytes']:,} B, plus a {cache['slot_bytes']:,} B slot")
+    session = open_session(tmp / "model.onnx")
+    prompt = tokens[:128]
+    plain = generate(session, prompt, 32)
+    spec = speculative_generate(session, PromptLookupDrafter(), prompt, 32)
+    console.print(f"10. speculative decoding, prompt lookup: {spec.stats['accepted']}/"
+                  f"{spec.stats['drafted']} drafts accepted, "
+                  f"{spec.stats['tokens_per_target_call']:.1f} tokens per target call, output "
+                  f"{'identical to' if spec.tokens == plain.tokens else 'DIFFERENT from'} greedy")
+    bench = run_bench(tmp / "model.onnx", BenchSpec(prompt=64, gen=32, reps=3, threads=1),
+                      tmp / "model.twin.onnx")
+    a, b = bench["results"]
+    ratio = bench["ratio_psa_over_twin"]["tg32_latency_p50"]["median"]
+    console.print(f"11. bench (ONNX Runtime, 1 thread, interleaved with the twin): decode "
+                  f"{a['tg32']['tokens_per_second']:.0f} vs {b['tg32']['tokens_per_second']:.0f} "
+                  f"tokens/s, PSA/twin p50 latency ratio {ratio:.3f}")

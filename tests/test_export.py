@@ -156,7 +156,7 @@ def edge_shears(checkpoint, variant, target):
 
     model, _ = load_checkpoint(checkpoint)
     req = ExportRequest(checkpoint, target, max_seq_len=MAX_LEN)
-    edge = to_edge(export(transform(model, req), req), target)
+    edge = to_edge(export(transform(model, req), req)["forward"].program, target)
     gm = edge.exported_program().graph_module
     if target == "xnnpack":  # the partitioned graph: look inside each delegate's original graph
         from executorch.exir.lowered_backend_module import get_lowered_submodules
@@ -194,9 +194,23 @@ def test_edge_graph_has_shear_and_xnnpack_delegates_it(checkpoints, target):
 def test_delegation_report_explains_every_op_outside(artifacts):
     d = json.loads(open(f"{artifacts['xnnpack']}.json").read())["delegation"]
     assert d["delegated_subgraphs"] >= 1 and 0 < d["delegated_fraction"] < 1
-    assert all(entry["why"] for entry in d["ops_outside_delegate"].values())
-    for op in d["ops_outside_delegate"]:
-        assert not any(k in op for k in ("linear", "bmm", "softmax", "sub", "mul"))
+    for report in (d, d["methods"]["decode"]):
+        assert all(entry["why"] for entry in report["ops_outside_delegate"].values())
+        for op in report["ops_outside_delegate"]:
+            assert not any(k in op for k in ("linear", "bmm", "softmax", "sub", "mul"))
+
+
+def test_decode_method_puts_the_whole_shear_in_xnnpack(artifacts):
+    """At S = 1 (method `decode`) the shear's shift and slot are static: the PSA program
+    leaves exactly what its twin leaves outside XNNPACK, in as many delegate calls."""
+    psa, twin = (json.loads(open(f"{artifacts[n]}.json").read())["delegation"]["methods"]
+                 ["decode"] for n in ("xnnpack", "xnnpack-twin"))
+    # getitem is FX tuple plumbing, not an instruction: PSA's delegates return more outputs.
+    executed = lambda d: {op: e["count"] for op, e in d["ops_outside_delegate"].items()  # noqa
+                          if op != "getitem"}
+    assert executed(psa) == executed(twin)
+    assert psa["delegated_subgraphs"] == twin["delegated_subgraphs"]
+    assert not any("slice" in op for op in psa["ops_outside_delegate"])
 
 
 @pytest.mark.parametrize("psa,twin", [("onnx", "onnx-twin"), ("xnnpack", "xnnpack-twin")])

@@ -2,10 +2,13 @@
 
 Contract:
 - `export_program(graph, inputs, shapes)` is torch.export (non-strict) of a graph form.
-- `to_edge(program, target)` runs `to_edge_transform_and_lower` with the XNNPACK partitioner
-  for `xnnpack` (none for `portable`); `lower_pte` serializes it and returns the program bytes
-  and a delegation report (`get_delegation_info`): delegated subgraphs, delegated fraction, and
-  every op left outside the delegate with its count.
+- `to_edge(programs, target)` runs `to_edge_transform_and_lower` on one program or a dict of
+  methods with the XNNPACK partitioner for `xnnpack` (none for `portable`); `lower_pte`
+  serializes it (methods share their weights: executorch deduplicates the constants, XNNPACK's
+  packed ones through its named data store) and returns the program bytes and the delegation
+  report of method `forward` (`get_delegation_info`: delegated subgraphs, delegated fraction,
+  every op left outside the delegate with its count), with the other methods' reports under
+  `methods`.
 - `runner_metadata(cfg, max_seq_len)` are the constant methods ExecuTorch's LLM runner reads.
 """
 
@@ -21,6 +24,8 @@ from psa_edge.model.config import ModelConfig
 # unexplained; the tests require there is none.
 WHY_OUTSIDE = {
     "aten_embedding": "token lookup (gather): XNNPACK has no embedding op",
+    "aten_index_select": "GQA: the KV head of each query head gathered from the cache "
+                         "(XNNPACK has no gather)",
     "aten_mean_dim": "RMSNorm's mean over the hidden dim: XNNPACK's mean.dim takes 4-D inputs "
                      "only (global average pooling)",
     "aten_slice_copy": "sequence shift of the shear, RoPE halves, last-position slots: XNNPACK "
@@ -72,9 +77,9 @@ def runner_metadata(cfg: ModelConfig, max_seq_len: int) -> dict:
             "get_eos_ids": [eos]}
 
 
-def to_edge(program: torch.export.ExportedProgram, target: str,
-            constant_methods: dict | None = None):
-    """The EdgeProgramManager: XNNPACK-partitioned for `xnnpack`, plain edge ops for portable."""
+def to_edge(program, target: str, constant_methods: dict | None = None):
+    """The EdgeProgramManager of one ExportedProgram or of a dict name -> ExportedProgram:
+    XNNPACK-partitioned for `xnnpack`, plain edge ops for portable."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     partitioners = []
@@ -88,15 +93,20 @@ def to_edge(program: torch.export.ExportedProgram, target: str,
             compile_config=EdgeCompileConfig(_check_ir_validity=False))
 
 
-def lower_pte(program: torch.export.ExportedProgram, target: str,
-              constant_methods: dict | None = None) -> tuple[bytes, dict]:
+def lower_pte(programs: dict, target: str, constant_methods: dict | None = None
+              ) -> tuple[bytes, dict]:
     from executorch.devtools.backend_debug import get_delegation_info
 
-    edge = to_edge(program, target, constant_methods)
-    info = get_delegation_info(edge.exported_program().graph_module)
+    edge = to_edge(programs, target, constant_methods)
+    reports = {name: delegation_report(
+        get_delegation_info(edge.exported_program(name).graph_module), target)
+        for name in programs}
     with quiet():
         buffer = edge.to_executorch().buffer
-    return buffer, delegation_report(info, target)
+    report = reports.pop("forward")
+    if reports:
+        report["methods"] = reports
+    return buffer, report
 
 
 def delegation_report(info, target: str) -> dict:

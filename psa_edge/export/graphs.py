@@ -5,7 +5,9 @@ the same arithmetic (the shear is `ops.shear`: Sub, Mul, Add after the RoPE ops)
 
 - `ExplicitStateGraph`: `(input_ids [1, S], *past) -> (logits [1, S, V], *present, *raw)`. The
   start position is the past length P (dim 2 of the past key), as in Hugging Face optimum
-  decoders without `position_ids`. Names follow optimum / onnxruntime-genai:
+  decoders without `position_ids`. ExecuTorch programs carry it twice, sharing the weights:
+  method `forward` (S dynamic) and method `decode` (S = 1, where the shear's shift and the slot
+  are static slices that XNNPACK takes into its delegate). Names follow optimum / onnxruntime-genai:
       past_key_values.{i}.key / .value / .prev_key / .prev_query  (inputs, in that order)
       present.{i}.key / .value / .prev_key / .prev_query           (outputs, same order)
       present.{i}.raw_key / .raw_query                              (outputs, after present)
@@ -79,15 +81,16 @@ def example_inputs(cfg: ModelConfig, seq_len: int, past_len: int) -> tuple[Tenso
     return (ids, *state)
 
 
-def dynamic_shapes(cfg: ModelConfig, max_seq_len: int):
-    """torch.export dims: chunk length S in [1, max], past length P in [0, max - 1]."""
+def dynamic_shapes(cfg: ModelConfig, max_seq_len: int, decode: bool = False):
+    """torch.export dims: chunk length S in [1, max] (fixed at 1 for the decode method), past
+    length P in [0, max - 1]."""
     from torch.export import Dim
 
-    seq = Dim("seq_len", min=1, max=max_seq_len)
+    seq = None if decode else {1: Dim("seq_len", min=1, max=max_seq_len)}
     past = Dim("past_len", min=0, max=max_seq_len - 1)
     state = tuple({2: past} if f in ("key", "value") else None
                   for _ in range(cfg.num_hidden_layers) for f in state_fields(cfg))
-    return ({1: seq}, state)  # the structure of forward(input_ids, *past)
+    return (seq, state)  # the structure of forward(input_ids, *past)
 
 
 class RunnerGraph(nn.Module):

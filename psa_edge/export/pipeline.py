@@ -58,12 +58,15 @@ class ExportRequest:
 
 
 @dataclass(frozen=True)
-class Exported:
-    """A traced graph and what re-tracing it needs: flat example inputs and dynamic shapes
-    (one entry per graph input), and whether it is an ONNX ModelProto or a torch program."""
+class Traced:
+    """One method's traced graph (an ExportedProgram, or the ONNX ModelProto) and what
+    re-tracing it needs: flat example inputs and dynamic shapes, one entry per graph input."""
     program: object
     example: tuple
     flat_shapes: tuple
+
+
+Exported = dict[str, Traced]  # method name -> traced graph
 
 
 def check_request(req: ExportRequest) -> ExportRequest:
@@ -102,20 +105,25 @@ def max_len(model: PSATransformer, req: ExportRequest) -> int:
 
 
 def export(model: PSATransformer, req: ExportRequest) -> Exported:
-    """torch.export of the requested graph form (the ONNX ModelProto for the onnx target)."""
+    """torch.export of the requested graph form, per method (ONNX: one ModelProto)."""
     cfg, length = model.cfg, max_len(model, req)
     if req.target == "onnx":
-        return Exported(export_onnx_program(model, length).model_proto, (), ())
+        return {"forward": Traced(export_onnx_program(model, length).model_proto, (), ())}
     if req.form == "runner":
         from torch.export import Dim
 
         graph = RunnerGraph(model, length).eval()
         inputs = (torch.zeros(1, 3, dtype=torch.long), torch.tensor([0], dtype=torch.long))
         shapes = ({1: Dim("seq_len", min=1, max=length)}, None)
-        return Exported(et.export_program(graph, inputs, shapes), inputs, shapes)
-    inputs, shapes = example_inputs(cfg, 3, 4), dynamic_shapes(cfg, length)
-    program = et.export_program(ExplicitStateGraph(model).eval(), inputs, shapes)
-    return Exported(program, inputs, (shapes[0], *shapes[1]))
+        return {"forward": Traced(et.export_program(graph, inputs, shapes), inputs, shapes)}
+    graph, methods = ExplicitStateGraph(model).eval(), {}
+    for name, seq_len in (("forward", 3), ("decode", 1)):
+        # Example sizes 3 and 4: torch.export specialises dims whose example size is 0 or 1.
+        inputs = example_inputs(cfg, seq_len, 4)
+        shapes = dynamic_shapes(cfg, length, decode=name == "decode")
+        methods[name] = Traced(et.export_program(graph, inputs, shapes), inputs,
+                               (shapes[0], *shapes[1]))
+    return methods
 
 
 def quantize(exported: Exported, model: PSATransformer, source: dict, req: ExportRequest
@@ -132,27 +140,31 @@ def quantize(exported: Exported, model: PSATransformer, source: dict, req: Expor
         empty = {f"past_key_values.{i}.{f}": np.zeros(state_shape(cfg, f, 0), np.float32)
                  for i in range(cfg.num_hidden_layers) for f in state_fields(cfg)}
         feeds = [{"input_ids": row[None].astype(np.int64), **empty} for row in rows]
-        program, ops = q.quantize_onnx(exported.program, spec, feeds)
+        proto, ops = q.quantize_onnx(exported["forward"].program, spec, feeds)
+        quantized = {"forward": Traced(proto, (), ())}
         tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic)"
     else:
         if req.form == "runner":
             args = [(torch.from_numpy(r)[None], torch.tensor([0])) for r in rows]
         else:
             args = [(torch.from_numpy(r)[None], *example_inputs(cfg, 1, 0)[1:]) for r in rows]
-        program, ops = q.quantize_pt2e(exported.program, exported.example,
-                                       exported.flat_shapes, spec, args)
+        # One calibrated, converted module; every method is re-traced from it (shared weights).
+        module, ops = q.quantize_pt2e(exported["forward"].program, spec, args)
+        quantized = {name: Traced(q.retrace(module, t.example, t.flat_shapes), t.example,
+                                  t.flat_shapes) for name, t in exported.items()}
         tool = "torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer"
     record = q.calibration_record(source["task"], tokens, spec, tool)
-    return dataclasses.replace(exported, program=program), {**record, **ops}
+    return quantized, {**record, **ops}
 
 
 def lower(exported: Exported, model: PSATransformer, req: ExportRequest
           ) -> tuple[bytes, dict | None]:
-    program = exported.program
     if req.target == "onnx":
-        return serialize_onnx(program), None
-    methods = et.runner_metadata(model.cfg, max_len(model, req)) if req.form == "runner" else None
-    return et.lower_pte(program, req.target, methods)
+        return serialize_onnx(exported["forward"].program), None
+    constants = (et.runner_metadata(model.cfg, max_len(model, req)) if req.form == "runner"
+                 else None)
+    return et.lower_pte({name: t.program for name, t in exported.items()}, req.target,
+                        constants)
 
 
 def save(artifact: bytes, delegation: dict | None, quantization: dict | None,

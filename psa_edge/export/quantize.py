@@ -145,15 +145,13 @@ def make_shear_quantizer(act_spec):
     return ShearQuantizer()
 
 
-def quantize_pt2e(program: torch.export.ExportedProgram, example: tuple, flat_shapes: tuple,
-                  spec: QuantSpec, calibration_args: list[tuple]
-                  ) -> tuple[torch.export.ExportedProgram, dict]:
-    """The converted (Q/DQ) program, re-exported with the same dynamic shapes (given flat: the
-    unlifted module takes the state tensors as separate arguments), and the quantized / float
-    op histograms of the annotated graph. `calibration_args` are the argument tuples fed to
-    the prepared module; with none (dynamic), the example inputs are fed once, because the
-    weight observers only compute per-channel scales after a forward pass (unobserved, they
-    fall back to one default scale and XNNPACK refuses the weights)."""
+def quantize_pt2e(program: torch.export.ExportedProgram, spec: QuantSpec,
+                  calibration_args: list[tuple]) -> tuple[torch.fx.GraphModule, dict]:
+    """The converted (Q/DQ) module of a program and the quantized / float op histograms of
+    its annotated graph. `calibration_args` are the argument tuples fed to the prepared module;
+    with none (dynamic), the program's example inputs are fed once, because the weight
+    observers only compute per-channel scales after a forward pass (unobserved, they fall back
+    to one default scale and XNNPACK refuses the weights)."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer, get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -163,15 +161,21 @@ def quantize_pt2e(program: torch.export.ExportedProgram, example: tuple, flat_sh
     quantizers = [XNNPACKQuantizer().set_operator_type(aten.linear.default, config)]
     if not spec.keep_shear_fp32:
         quantizers.append(make_shear_quantizer(config.input_activation))
+    example = program.example_inputs[0]
     with quiet(), torch.no_grad():
         module = prepare_pt2e(program.module(), ComposableQuantizer(quantizers))
         ops = pt2e_op_histograms(module.graph)
         for args in calibration_args or [example]:
             module(*args)
-        module = convert_pt2e(module)
-        converted = torch.export.export(module, example, dynamic_shapes=flat_shapes,
-                                        strict=False)
-    return converted, ops
+        return convert_pt2e(module), ops
+
+
+def retrace(module: torch.fx.GraphModule, example: tuple, flat_shapes: tuple
+            ) -> torch.export.ExportedProgram:
+    """torch.export of a converted module for one method's inputs (flat: the unlifted module
+    takes the state tensors as separate arguments)."""
+    with quiet(), torch.no_grad():
+        return torch.export.export(module, example, dynamic_shapes=flat_shapes, strict=False)
 
 
 def pt2e_op_histograms(graph: torch.fx.Graph) -> dict:

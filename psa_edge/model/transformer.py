@@ -51,6 +51,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, hkv * dh, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, hkv * dh, bias=False)
         self.o_proj = nn.Linear(h * dh, cfg.hidden_size, bias=False)
+        # The KV head each query head reads (GQA); a constant, not a parameter.
+        self.register_buffer("kv_head", torch.arange(h) // (h // hkv), persistent=False)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, s, _ = x.shape
@@ -76,10 +78,11 @@ class Attention(nn.Module):
     def attend(self, query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
         """Causal softmax attention of sheared queries over cached sheared keys, then o_proj."""
         cfg = self.cfg
-        group = cfg.num_attention_heads // cfg.num_key_value_heads
-        if group > 1:  # GQA: every query head of a group sees its KV head's sheared key
-            keys = keys.repeat_interleave(group, dim=1)
-            values = values.repeat_interleave(group, dim=1)
+        if cfg.num_attention_heads != cfg.num_key_value_heads:
+            # GQA: query head i reads KV head i // group (as Llama's repeat_kv). A gather: a
+            # reshape of the expanded cache makes torch.export guard on the cache length.
+            keys = keys.index_select(1, self.kv_head)
+            values = values.index_select(1, self.kv_head)
         scores = query @ keys.transpose(-1, -2) / math.sqrt(cfg.head_dim) + bias
         out = torch.softmax(scores, dim=-1) @ values
         b, _, s, _ = out.shape

@@ -191,6 +191,9 @@ class PteGraph(Graph):
         try:
             program = Runtime.get().load_program(str(artifact))
             self.method = program.load_method("forward")
+            # A one-token step runs method `decode` (S = 1) when the program has it.
+            self.decode = (program.load_method("decode")
+                           if "decode" in program.method_names else self.method)
         except Exception as exc:  # noqa: BLE001
             raise ArtifactError(f"ExecuTorch cannot load {artifact}: {str(exc)[:160]}")
 
@@ -198,7 +201,8 @@ class PteGraph(Graph):
         import torch  # ExecuTorch's pybindings take and return torch tensors
 
         args = [as_torch(torch, feeds[n]) for n in self.spec.input_names]
-        outputs = self.method.execute(args)  # fresh tensors each call (checked: no aliasing)
+        method = self.decode if feeds["input_ids"].size == 1 else self.method
+        outputs = method.execute(args)  # fresh tensors each call (checked: no aliasing)
         return {n: o.numpy() for n, o in zip(self.spec.output_names, outputs)}
 
 
