@@ -117,6 +117,18 @@ def test_greedy_speculative_equals_target_greedy(artifacts, name):
             assert stats["accepted"] == 0 and stats["target_calls"] == 24
 
 
+def test_a_draft_shorter_than_the_target_proposes_what_fits(artifacts, checkpoints):
+    from psa_edge.export.eager import EagerGraph
+
+    target = open_session(artifacts["onnx"])
+    model, _ = load_checkpoint(checkpoints["symmetric"])
+    draft = SessionDrafter(Session(EagerGraph.from_model(model, "draft", max_seq_len=20)), 64)
+    prompt = np.random.default_rng(5).integers(0, 64, size=12)
+    result = speculative_generate(target, draft, prompt, 30, draft_len=4)
+    assert result.tokens == generate(target, prompt, 30).tokens
+    assert 0 < result.stats["drafted"] < 4 * result.stats["target_calls"]
+
+
 def test_cache_bytes_equal_the_twins(artifacts):
     for psa_name, twin_name in (("onnx", "onnx-twin"), ("xnnpack", "xnnpack-twin")):
         psa, twin = open_session(artifacts[psa_name]), open_session(artifacts[twin_name])

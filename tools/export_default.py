@@ -25,6 +25,8 @@ EXPORTS = [  # (label, output file under out/, extra arguments)
     ("xnnpack twin", "psa-default.xnnpack.twin.pte", ["--target", "xnnpack", "--twin"]),
     ("portable", "psa-default.portable.pte", ["--target", "portable"]),
     ("xnnpack runner form", "psa-default.runner.pte", ["--target", "xnnpack", "--form", "runner"]),
+    ("xnnpack int8", "psa-default.int8.pte", ["--target", "xnnpack", "--quantize", "int8"]),
+    ("onnx int8", "psa-default.int8.onnx", ["--target", "onnx", "--quantize", "int8"]),
 ]
 
 

@@ -73,12 +73,12 @@ def pte_runners(model, max_len, tmp):
     from psa_edge.export.graphs import ExplicitStateGraph, dynamic_shapes, example_inputs
 
     cfg = model.cfg
-    explicit, _ = lower_pte(export_program(ExplicitStateGraph(model), example_inputs(cfg, 3, 4),
-                                           dynamic_shapes(cfg, max_len)), "xnnpack")
-    fulls = [lower_pte(export_program(FullSequence(model, state),
-                                      (torch.zeros(1, 3, dtype=torch.long),),
-                                      ({1: Dim("seq_len", min=1, max=max_len)},)), "xnnpack")[0]
-             for state in (True, False)]
+    explicit, _ = lower_pte({"forward": export_program(
+        ExplicitStateGraph(model), example_inputs(cfg, 3, 4), dynamic_shapes(cfg, max_len))},
+        "xnnpack")
+    fulls = [lower_pte({"forward": export_program(
+        FullSequence(model, state), (torch.zeros(1, 3, dtype=torch.long),),
+        ({1: Dim("seq_len", min=1, max=max_len)},))}, "xnnpack")[0] for state in (True, False)]
     methods = []
     for name, buffer in (("explicit.pte", explicit), ("prefill.pte", fulls[0]),
                          ("logits.pte", fulls[1])):

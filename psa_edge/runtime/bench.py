@@ -21,6 +21,7 @@ Contract: `run_bench(artifact, spec, vs=None)`:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -231,7 +232,7 @@ def execute(bench: Bench, progress=None) -> dict:
                               "latency_ms_p50": 1e3 * float(np.percentile(steps, 50)),
                               "latency_ms_p90": 1e3 * float(np.percentile(steps, 90))},
             "flops_per_token": flops_per_token(m["config"], spec.depth + spec.gen // 2)})
-    report = {"spec": vars(spec) | {}, "threads": threads, "machine": machine(),
+    report = {"spec": dataclasses.asdict(spec), "threads": threads, "machine": machine(),
               "depth": spec.depth, "results": results, "peak_rss_bytes": peak_rss_bytes()}
     if vs:
         report["ratio_psa_over_twin"] = {

@@ -59,6 +59,10 @@ class SessionDrafter:
         self.session = session
 
     def propose(self, context: list[int], k: int, sampling: Sampling, rng):
+        # A draft with a shorter max length than the target proposes what fits, maybe nothing.
+        k = min(k, self.session.spec.max_seq_len - len(context) + 1)
+        if k <= 0:
+            return [], []
         sync(self.session, context)
         tokens, dists = [], []
         feed = [context[-1]]
@@ -114,7 +118,8 @@ def accept(logits: np.ndarray, drafts: list[int], dists, sampling: Sampling, rng
         if rng.random() < min(1.0, p[token] / q[token]):
             continue
         residual = np.maximum(p - q, 0.0)
-        return i, draw(residual / residual.sum(), rng)
+        total = residual.sum()  # > 0 whenever a rejection is possible, but for rounding
+        return i, draw(residual / total if total > 0 else p, rng)
     p = distribution(logits[len(drafts)], sampling)
     return len(drafts), int(p.argmax()) if sampling.greedy else draw(p, rng)
 
