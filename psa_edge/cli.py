@@ -212,8 +212,11 @@ def bench(
 ) -> None:
     """Prefill and decode tokens/s like llama-bench; with --vs, PSA against its twin."""
     from psa_edge.display import bench_tables, progress_bar
+    from psa_edge.io import check_writable_dir
     from psa_edge.runtime.bench import BenchSpec, dumps, execute, prepare_bench
 
+    if plot is not None:
+        check_writable_dir(plot)
     prepared = prepare_bench(artifact, BenchSpec(prompt, gen, reps, depth, threads), vs)
     with progress_bar("bench", reps, enabled=not (as_json or markdown)) as advance:
         report = execute(prepared, progress=advance)
@@ -266,7 +269,7 @@ def certify(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -
 def demo(
     checkpoint: Path = typer.Option(DEFAULT_MODEL, help="Checkpoint to walk through."),
 ) -> None:
-    """Walk the pipeline that exists so far on the shipped default model."""
+    """Walk the whole pipeline on the shipped default model (in a temporary folder)."""
     from psa_edge.demo import run_demo
 
     run_demo(checkpoint)

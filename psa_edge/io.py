@@ -49,6 +49,18 @@ def write_json(path: str | os.PathLike, data) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def write_marked_block(path: str | os.PathLike, name: str, block: str) -> None:
+    """Replace the text between `<!-- name:begin -->` and `<!-- name:end -->` in a document
+    (the README's generated tables), atomically; the markers must be there."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = Path(path).read_text()
+    if begin not in text or end not in text:
+        raise OutputError(f"{path} has no {begin} ... {end} block")
+    head, rest = text.split(begin, 1)
+    write_text(path, head + begin + "\n" + block.rstrip("\n") + "\n" + end
+               + rest.split(end, 1)[1])
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -250,14 +250,12 @@ Stats: ms timestamps; it counts generated tokens without the first):
   layer through the runtime.
 """
     (REPO / "docs" / "benchmarks.md").write_text(doc)
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
     block = (f"{m['cpu']}, {args.threads} threads, random-weight presets, PSA and twin "
              f"interleaved; decode overhead of PSA (goal <= {GOAL}): {verdict}\n\n"
              + "\n".join(lines) + "\n")
-    head, rest = text.split(begin, 1)
-    readme.write_text(head + begin + "\n" + block + end + rest.split(end, 1)[1])
+    from psa_edge.io import write_marked_block
+
+    write_marked_block(REPO / "README.md", "bench", block)
     print(doc)
 
 

@@ -67,11 +67,9 @@ def main() -> None:
     for op, entry in d["ops_outside_delegate"].items():
         lines.append(f"| `{op}` | {entry['count']} | {entry['why']} |")
     block = "\n".join(lines) + "\n"
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- export:begin -->", "<!-- export:end -->"
-    head, rest = text.split(begin, 1)
-    readme.write_text(head + begin + "\n" + block + end + rest.split(end, 1)[1])
+    from psa_edge.io import write_marked_block
+
+    write_marked_block(REPO / "README.md", "export", block)
     print(block)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from psa_edge.io import write_marked_block  # noqa: E402
 from psa_edge.export import quant_check  # noqa: E402
 from psa_edge.export.pipeline import ExportRequest, run_export  # noqa: E402
 from psa_edge.export.quantize import QuantSpec  # noqa: E402
@@ -175,12 +176,7 @@ The default keeps the shear fp32; `--quantize-shear` quantizes it. Dynamic activ
 quantization applies to linears only, so there the shear is always fp32.
 """
     (REPO / "docs" / "quantization.md").write_text(doc)
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- quant:begin -->", "<!-- quant:end -->"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        readme.write_text(head + begin + "\n" + block + end + rest.split(end, 1)[1])
+    write_marked_block(REPO / "README.md", "quant", block)
     (OUT / "results.json").write_text(json.dumps(
         {" / ".join(k): {kk: vv for kk, vv in v.items() if kk != "task"} for k, v in rows.items()},
         indent=1, default=str))

@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
+from psa_edge.io import write_marked_block  # noqa: E402
 from psa_edge.runtime.graph import OnnxGraph, read_manifest  # noqa: E402
 from psa_edge.runtime.session import Session  # noqa: E402
 
@@ -101,11 +102,7 @@ def main() -> None:
     section = (f"Made by `python tools/runtime_bench.py` on {cpu} ({os.cpu_count()} cores, "
                f"{platform.machine()}), ONNX Runtime CPU provider, one intra-op thread, median of "
                f"{args.calls} decode calls per cell.\n\n" + "\n".join(table) + f"\n\n{verdict}\n")
-    doc = REPO / "docs" / "runtime.md"
-    text = doc.read_text()
-    begin, end = "<!-- iobinding:begin -->", "<!-- iobinding:end -->"
-    head, rest = text.split(begin, 1)
-    doc.write_text(head + begin + "\n" + section + end + rest.split(end, 1)[1])
+    write_marked_block(REPO / "docs" / "runtime.md", "iobinding", section)
     print(section)
 
 

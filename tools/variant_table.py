@@ -148,12 +148,9 @@ def main() -> None:
            f"key-only 0.949, symmetric 0.811, query-only at chance, and 717 vs 2700 steps for "
            f"induction to emerge at gamma 0.8 vs 0 (91.3M parameters).\n\n{body}")
     (REPO / "docs" / "variants.md").write_text(doc)
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- variants:begin -->", "<!-- variants:end -->"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        readme.write_text(head + begin + "\n" + body + end + rest.split(end, 1)[1])
+    from psa_edge.io import write_marked_block
+
+    write_marked_block(REPO / "README.md", "variants", body)
     print(body)
 
 

@@ -61,11 +61,9 @@ def main() -> None:
                      .rstrip() + "\n```")
     block = (f"{shown}\n\nEvery target (measured error of each check in brackets; tolerance "
              f"1e-4 x the logit scale, cache parity exact):\n\n" + "\n".join(summary) + "\n")
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- verify:begin -->", "<!-- verify:end -->"
-    head, rest = text.split(begin, 1)
-    readme.write_text(head + begin + "\n" + block + end + rest.split(end, 1)[1])
+    from psa_edge.io import write_marked_block
+
+    write_marked_block(REPO / "README.md", "verify", block)
     print(block)
 
 

@@ -89,9 +89,16 @@ class Generation:
     graph_calls: int = 0
     stats: dict = field(default_factory=dict)
 
-    @property
-    def time_to_first_token(self) -> float:
-        return self.prefill_seconds
+    def emit(self, token: int, on_token: Callable[[int], None] | None, stops: set,
+             max_new_tokens: int) -> bool:
+        """Record a chosen token (and stream it); True when generation stops after it."""
+        self.tokens.append(token)
+        if on_token is not None:
+            on_token(token)
+        if token in stops:
+            self.stop_reason = "stop_token"
+            return True
+        return len(self.tokens) == max_new_tokens
 
     def summary(self) -> dict:
         decode_tokens = max(0, len(self.tokens) - 1)
@@ -126,13 +133,7 @@ def generate(session: Session, prompt, max_new_tokens: int, sampling: Sampling =
     stops = set(stop_tokens)
     while True:
         token = choose(session.last_logits, sampling, rng)
-        result.tokens.append(token)
-        if on_token is not None:
-            on_token(token)
-        if token in stops:
-            result.stop_reason = "stop_token"
-            break
-        if len(result.tokens) == max_new_tokens:
+        if result.emit(token, on_token, stops, max_new_tokens):
             break
         started = time.perf_counter()
         session.feed([token])

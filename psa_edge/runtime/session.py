@@ -50,10 +50,6 @@ class Chunk:
     slots_before: State
     last_logits_before: np.ndarray | None
 
-    @property
-    def end(self) -> int:
-        return self.start + len(self.logits)
-
 
 class Session:
     def __init__(self, graph: Graph):

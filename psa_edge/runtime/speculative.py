@@ -150,17 +150,13 @@ def speculative_generate(target: Session, drafter, prompt, max_new_tokens: int,
         result.decode_seconds += time.perf_counter() - started
         result.graph_calls += 1
         drafted, accepted = drafted + len(drafts), accepted + n_accepted
+        done = False
         for token in [*drafts[:n_accepted], own]:
-            result.tokens.append(token)
             context.append(token)
-            if on_token is not None:
-                on_token(token)
-            if token in stops:
-                result.stop_reason = "stop_token"
+            done = result.emit(token, on_token, stops, max_new_tokens)
+            if done:
                 break
-            if len(result.tokens) == max_new_tokens:
-                break
-        if result.stop_reason == "stop_token" or len(result.tokens) == max_new_tokens:
+        if done:
             break
     verify_calls = result.graph_calls - int(prompt.size > 1)
     result.stats = {"drafted": drafted, "accepted": accepted,
