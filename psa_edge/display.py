@@ -7,6 +7,7 @@ with `enabled=False` (e.g. under `--json`) it draws nothing and `advance` does n
 from __future__ import annotations
 
 import contextlib
+import os
 
 
 def make_console(stderr: bool = False):
@@ -35,9 +36,11 @@ def verify_table(report: dict) -> None:
     from rich.table import Table
 
     console = make_console()
+    reference = os.path.relpath(report["reference"]) if os.path.isabs(report["reference"]) \
+        else report["reference"]
     checks = Table("check", "what", "measured", "tolerance", "result",
                    title=f"verify {report['artifact']} ({report['backend']}, "
-                         f"{report['quantization']}) against {report['reference']}")
+                         f"{report['quantization']}) against {reference}")
     for c in report["checks"]:
         what = c["detail"] + (f" [{c['note']}]" if c["note"] else "")
         checks.add_row(c["name"], what, f"{c['error']:.2e}", f"{c['tolerance']:.2e}",

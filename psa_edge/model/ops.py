@@ -52,9 +52,23 @@ def causal_bias(positions: Tensor, key_len: int) -> Tensor:
 
 def previous(x: Tensor, prev: Tensor) -> Tensor:
     """The stream shifted one step back along dim -2, with `prev` in front: `x_{t-1}`."""
+    if is_one_step(x):  # a single new position: its predecessor is the slot itself
+        return prev
     # Concatenate first, then drop the last row: slicing x to length S-1 first would make
     # torch.export guard on S-1 != 1 and refuse a dynamic chunk length.
     return torch.cat([prev, x], dim=-2)[..., :-1, :]
+
+
+def last(x: Tensor) -> Tensor:
+    """The last position along dim -2, `[..., 1, d]`: the next previous-key slot."""
+    return x if is_one_step(x) else x[..., -1:, :]
+
+
+def is_one_step(x: Tensor) -> bool:
+    """Whether x holds exactly one position, known at trace time. In eager mode and in a graph
+    exported with S = 1 (ExecuTorch's `decode` method) the length is a Python int, and the shift
+    and slot need no op; with a dynamic length (a SymInt) the general path is traced."""
+    return isinstance(x.shape[-2], int) and x.shape[-2] == 1
 
 
 def shear(x: Tensor, prev: Tensor, gamma: float) -> Tensor:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from psa_edge.model.config import ModelConfig
-from psa_edge.model.ops import (apply_rope, causal_bias, rms_norm, rope_cos_sin,
+from psa_edge.model.ops import (apply_rope, causal_bias, last, rms_norm, rope_cos_sin,
                                 rope_inv_freq, shear)
 
 LayerState = dict[str, Tensor]
@@ -97,9 +97,9 @@ class Attention(nn.Module):
                                  "value": torch.cat([past["value"], value], dim=2)}
         raw: LayerState = {"key": key}
         if self.cfg.gamma_k != 0:
-            new_state["prev_key"] = key[:, :, -1:, :]
+            new_state["prev_key"] = last(key)
         if self.cfg.gamma_q != 0:
-            new_state["prev_query"] = query[:, :, -1:, :]
+            new_state["prev_query"] = last(query)
             raw["query"] = query
         out = self.attend(sheared_query, new_state["key"], new_state["value"], bias)
         return out, new_state, raw

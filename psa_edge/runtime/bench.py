@@ -258,7 +258,7 @@ def executorch_runner_stats(artifact: Path, manifest: dict, spec: BenchSpec) -> 
     collected = []
     config = GenerationConfig(echo=False, max_new_tokens=spec.gen, temperature=0.0,
                               seq_len=spec.prompt + spec.gen)
-    with native_stderr_silenced():  # the runner logs every run's report at INFO level
+    with native_output_silenced():  # the runner prints the text and logs its report natively
         for _ in range(spec.reps + 1):  # the first run warms up and is dropped
             runner.reset()
             runner.generate(prompt, config, token_callback=lambda _: None,
@@ -284,16 +284,22 @@ def executorch_runner_stats(artifact: Path, manifest: dict, spec: BenchSpec) -> 
 
 
 @contextlib.contextmanager
-def native_stderr_silenced():
-    """Native code writes to file descriptor 2 directly; point it at /dev/null meanwhile."""
-    saved = os.dup(2)
+def native_output_silenced():
+    """Native code writes to file descriptors 1 and 2 directly (so `--json` on stdout would be
+    broken): point both at /dev/null meanwhile."""
+    import sys
+
+    sys.stdout.flush()
+    saved = [os.dup(fd) for fd in (1, 2)]
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, 2)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
         os.close(devnull)
 
 
