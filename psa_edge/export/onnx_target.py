@@ -31,14 +31,17 @@ def quiet():
         yield
 
 
-def export_onnx_program(model: PSATransformer, max_seq_len: int):
-    """The explicit-state graph as a torch.onnx ONNXProgram (dynamo exporter, optimized)."""
+def export_onnx_program(model: PSATransformer, max_seq_len: int, decode: bool = False):
+    """The explicit-state graph as a torch.onnx ONNXProgram (dynamo exporter, optimized).
+    `decode=True` fixes the chunk length at 1 (a decode-only graph; tools/decode_profile.py
+    measures whether it pays, the exporter does not ship it)."""
     cfg = model.cfg
     graph = ExplicitStateGraph(model).eval()
     # Example sizes 3 and 4: torch.export specialises dims whose example size is 0 or 1.
     with quiet(), torch.no_grad():
         return torch.onnx.export(
-            graph, example_inputs(cfg, 3, 4), dynamic_shapes=dynamic_shapes(cfg, max_seq_len),
+            graph, example_inputs(cfg, 1 if decode else 3, 4),
+            dynamic_shapes=dynamic_shapes(cfg, max_seq_len, decode),
             input_names=input_names(cfg), output_names=output_names(cfg), dynamo=True,
             optimize=True, verbose=False)
 

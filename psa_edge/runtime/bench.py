@@ -9,7 +9,11 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   every decoded token; for pp, time to first token (the prefill call) mean;
 - `vs` (the gamma = 0 twin): both artifacts are opened in this process and run interleaved,
   A B then B A alternately within every repetition; per repetition the time ratio PSA/twin is
-  taken, and its median and range reported, so drift of a noisy machine hits both sides;
+  taken, and its median and range reported, so drift of a noisy machine hits both sides.
+  Interleaving cannot cancel what differs between processes: on a noisy machine an A/A
+  control (an artifact against its own copy) can be several percent off 1 in one process
+  (docs/benchmarks.md), so a small ratio is trusted only over several processes, `A --vs B`
+  and `B --vs A` in turn;
   `vs` must have the same config but for gamma, the same target and the same quantization;
 - runner-form `.pte` (`forward(tokens, input_pos)`): psa-edge's loop drives the method;
   ExecuTorch's own TextLLMRunner also runs the same file (prompt of p tokens, n new) and its

@@ -1,0 +1,366 @@
+"""docs/decode-profile.md: where PSA's per-token decode overhead over its gamma = 0 twin comes
+from, layer by layer of one decoded token, and whether a decode-only ONNX graph removes it.
+
+    python tools/decode_profile.py      # about 10 minutes; reuses tools/bench_presets.py's
+                                        # artifacts in out/bench/ (exports them if missing)
+
+Per preset and build (as in docs/benchmarks.md), one thread, at a fixed context of P tokens (the
+state is restored before every call, so each call does the same work), three nested layers of
+one decode step are timed:
+- backend call: `InferenceSession.run` / ExecuTorch `Method.execute` on prebuilt inputs;
+- graph.step: psa-edge's numpy wrapper around it (feeds in, outputs to numpy dicts);
+- Session.feed: the whole runtime step (input checks, rollback bookkeeping).
+PSA and twin alternate in blocks (A B / B A); medians over all calls. ONNX Runtime's own
+profiler splits the ONNX backend call by operator type (kernel time per call). Last, psa-4m's
+ONNX graphs are exported again with the chunk length fixed at 1 (the shear's shift and slot then
+need no Concat/Slice) and timed against the shipped dynamic-length graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import shutil
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from bench_presets import BUILDS, MAX_LEN, OUT, artifact, checkpoint  # noqa: E402
+from psa_edge.io import write_text  # noqa: E402
+from psa_edge.runtime.bench import machine, set_threads  # noqa: E402
+from psa_edge.runtime.graph import OnnxGraph, as_torch  # noqa: E402
+from psa_edge.runtime.session import open_session  # noqa: E402
+
+TOKEN = np.array([7])
+BLOCK_SECONDS = 0.02
+LAYERS = ("backend call", "graph.step", "Session.feed")
+
+
+def layer_calls(path: Path, context: np.ndarray) -> dict:
+    """Zero-argument callables for the three layers of one decode step at P = len(context),
+    plus the setup each needs before a call."""
+    session = open_session(path, threads=1)
+    session.feed(context)
+    snapshot = session.snapshot()
+    graph, spec = session.graph, session.spec
+    feeds = {"input_ids": TOKEN.reshape(1, 1)}
+    feeds.update((name_in, session.state[key]) for key, name_in, _ in spec.state_io)
+    if isinstance(graph, OnnxGraph):
+        names = list(spec.output_names)
+        backend = lambda: graph.session.run(names, feeds)  # noqa: E731
+    else:
+        import torch
+
+        args = [as_torch(torch, feeds[n]) for n in spec.input_names]
+        backend = lambda: graph.decode.execute(args)  # noqa: E731
+    return {"backend call": (backend, None),
+            "graph.step": (lambda: graph.step(TOKEN, snapshot.state), None),
+            "Session.feed": (lambda: session.feed(TOKEN), lambda: session.restore(snapshot)),
+            "_feeds": feeds}
+
+
+def interleaved(calls: dict[str, tuple], blocks: int) -> dict[str, float]:
+    """Median seconds per call of each named (call, setup), alternating A B / B A in blocks of
+    about BLOCK_SECONDS each."""
+    times = defaultdict(list)
+    names = list(calls)
+    per_block = {}
+    for name in names:  # warm-up, which also sizes the blocks
+        call, setup = calls[name]
+        started = time.perf_counter()
+        for _ in range(10):
+            setup and setup()
+            call()
+        per_call = (time.perf_counter() - started) / 10
+        per_block[name] = max(3, min(50, round(BLOCK_SECONDS / per_call)))
+    for block in range(blocks):
+        for name in (names if block % 2 == 0 else names[::-1]):
+            call, setup = calls[name]
+            for _ in range(per_block[name]):
+                if setup:
+                    setup()
+                started = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def ort_kernel_profiles(paths: dict[str, Path], feeds: dict[str, dict], blocks: int
+                        ) -> dict[str, dict[str, float]]:
+    """Per artifact: microseconds per call by ONNX operator type (kernel time), plus the whole
+    run, from ONNX Runtime's profiler; the sessions alternate in blocks of 25 calls."""
+    import onnxruntime as ort
+
+    sessions = {}
+    for who, path in paths.items():
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.enable_profiling = True
+        options.profile_file_prefix = str(OUT / f"ort_profile_{who}")
+        sessions[who] = ort.InferenceSession(str(path), options,
+                                             providers=["CPUExecutionProvider"])
+    warm, names = 20, list(paths)
+    for who in names:
+        for _ in range(warm):
+            sessions[who].run(None, feeds[who])
+    for block in range(blocks):
+        for who in (names if block % 2 == 0 else names[::-1]):
+            for _ in range(25):
+                sessions[who].run(None, feeds[who])
+    return {who: kernel_times(Path(s.end_profiling()), warm) for who, s in sessions.items()}
+
+
+def kernel_times(trace_file: Path, warm: int) -> dict[str, float]:
+    """Mean microseconds per run by operator type from one ORT trace (the file is removed)."""
+    events = json.loads(trace_file.read_text())
+    trace_file.unlink()
+    runs = sorted((e["ts"], e["dur"]) for e in events if e.get("name") == "model_run")[warm:]
+    starts = [ts for ts, _ in runs]
+    per_op = defaultdict(float)
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        if i >= 0 and e["ts"] <= runs[i][0] + runs[i][1]:
+            per_op[e["args"]["op_name"]] += e["dur"]
+    profile = {op: total / len(runs) for op, total in per_op.items()}
+    profile["(all kernels)"] = sum(per_op.values()) / len(runs)
+    profile["(model_run)"] = sum(d for _, d in runs) / len(runs)
+    return profile
+
+
+def decode_only_onnx(ckpt: Path, twin: bool) -> Path:
+    """psa-4m's ONNX graph with the chunk length fixed at 1 (not a shipped artifact)."""
+    from psa_edge.export.onnx_target import export_onnx_program, serialize_onnx
+    from psa_edge.model.checkpoint import load_checkpoint
+    from psa_edge.model.transformer import twin_of
+
+    path = OUT / f"{ckpt.stem}.onnx.fp32.decode-only{'.twin' if twin else ''}.onnx"
+    if not path.exists():
+        model, _ = load_checkpoint(ckpt)
+        model = twin_of(model) if twin else model
+        write_bytes(path, serialize_onnx(export_onnx_program(model.eval(), MAX_LEN, True)
+                                         .model_proto))
+    return path
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    from psa_edge.io import atomic_output
+
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def node_count(path: Path) -> int:
+    import onnx
+
+    return len(onnx.load(str(path)).graph.node)
+
+
+def layers_table(rows) -> str:
+    lines = ["| preset | backend | precision | layer | PSA ms | twin ms | PSA - twin (µs) | "
+             "ratio [range over rounds] |", "|" + "---|" * 8]
+    for preset, target, precision, rounds in rows:
+        for layer in LAYERS:
+            a = statistics.median(r[("psa", layer)] for r in rounds)
+            b = statistics.median(r[("twin", layer)] for r in rounds)
+            ratios = [r[("psa", layer)] / r[("twin", layer)] for r in rounds]
+            lines.append(f"| {preset} | {target} | {precision} | {layer} | {a * 1e3:.4f} | "
+                         f"{b * 1e3:.4f} | {(a - b) * 1e6:+.1f} | {geomean(ratios):.3f} "
+                         f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
+    return "\n".join(lines)
+
+
+def geomean(values) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def profile_table(profiles) -> str:
+    lines = []
+    for (preset, precision), (psa, twin) in profiles.items():
+        lines += [f"\n{preset} ONNX {precision} (µs per decode call):\n",
+                  "| operator | PSA | twin | PSA - twin |", "|---|---|---|---|"]
+        ops = sorted(set(psa) | set(twin), key=lambda op: (op.startswith("("), op))
+        for op in ops:
+            a, b = psa.get(op, 0.0), twin.get(op, 0.0)
+            lines.append(f"| {op} | {a:.1f} | {b:.1f} | {a - b:+.1f} |")
+        outside = [p["(model_run)"] - p["(all kernels)"] for p in (psa, twin)]
+        lines.append(f"| (run minus kernels: executor, allocation, I/O) | {outside[0]:.1f} | "
+                     f"{outside[1]:.1f} | {outside[0] - outside[1]:+.1f} |")
+    return "\n".join(lines)
+
+
+def rounds_of(paths: dict[str, Path], context: np.ndarray, args, make_calls) -> list[dict]:
+    """`args.rounds` measurements, each on freshly opened sessions, the load order alternating
+    (the artifact opened first can run at another speed)."""
+    rounds = []
+    for n in range(args.rounds):
+        calls = {}
+        for who in (list(paths) if n % 2 == 0 else list(paths)[::-1]):
+            calls.update(make_calls(who, paths[who], context))
+        rounds.append(interleaved(calls, args.blocks))
+    return rounds
+
+
+def session_layers(who: str, path: Path, context: np.ndarray) -> dict:
+    layers = layer_calls(path, context)
+    layers.pop("_feeds")
+    return {(who, layer): c for layer, c in layers.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["psa-4m", "psa-30m"])
+    parser.add_argument("--context", type=int, default=64, help="P: tokens before the step "
+                        "(docs/benchmarks.md's mean decode context at -n 128)")
+    parser.add_argument("--rounds", type=int, default=4, help="Fresh sessions per cell.")
+    parser.add_argument("--blocks", type=int, default=20, help="A B / B A blocks per round.")
+    args = parser.parse_args()
+    started = time.time()
+    rows, profiles, nodes = [], {}, {}
+    for preset in args.presets:
+        ckpt = checkpoint(preset)
+        context = task_context(ckpt, args.context)
+        for target, quant in BUILDS:
+            paths = {who: artifact(ckpt, target, quant, who == "twin") for who in ("psa", "twin")}
+            set_threads(list(paths.values()), 1)
+            rounds = rounds_of(paths, context, args, session_layers)
+            rows.append((preset, target, quant or "fp32", rounds))
+            print(f"{preset} {target} {quant or 'fp32'}: backend call ratio "
+                  f"{geomean([r[('psa', LAYERS[0])] / r[('twin', LAYERS[0])] for r in rounds]):.3f}",
+                  flush=True)
+            if target == "onnx":
+                nodes[(preset, quant or "fp32")] = tuple(node_count(p) for p in paths.values())
+                feeds = {who: layer_calls(path, context)["_feeds"] for who, path in paths.items()}
+                profiles[(preset, quant or "fp32")] = tuple(
+                    ort_kernel_profiles(paths, feeds, args.blocks).values())
+    decode_only = decode_only_experiment(args)
+    write(rows, profiles, nodes, decode_only, args, time.time() - started)
+
+
+def task_context(ckpt: Path, length: int) -> np.ndarray:
+    vocab = json.loads(Path(f"{ckpt}.json").read_text())["config"]["vocab_size"]
+    return np.random.default_rng(0).integers(0, vocab, length)
+
+
+def decode_only_experiment(args) -> dict:
+    """Backend-call medians of psa-4m's shipped (dynamic) and decode-only ONNX graphs."""
+    import onnxruntime as ort
+
+    ckpt = checkpoint("psa-4m")
+    context = task_context(ckpt, args.context)
+    shipped = {who: artifact(ckpt, "onnx", None, who == "twin") for who in ("psa", "twin")}
+    feeds = {who: layer_calls(path, context)["_feeds"] for who, path in shipped.items()}
+    paths = {("dynamic", who): path for who, path in shipped.items()}
+    paths.update({("decode-only", who): decode_only_onnx(ckpt, who == "twin")
+                  for who in ("psa", "twin")})
+    # A/A control: the twin against a byte-identical copy, the resolution of this procedure.
+    paths[("copy", "twin")] = OUT / "aa-copy.onnx"
+    shutil.copyfile(shipped["twin"], paths[("copy", "twin")])
+
+    def backend_call(key, path, _context):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return {key: (lambda: session.run(None, feeds[key[1]]), None)}
+
+    rounds = rounds_of(paths, context, args, backend_call)
+    return {"rounds": rounds, "nodes": {key: node_count(path) for key, path in paths.items()}}
+
+
+def reading(rows, profiles, nodes, decode_rounds) -> str:
+    """The measured facts the tables support, computed from them."""
+    def ratio_range(rounds, key_a, key_b):
+        ratios = [r[key_a] / r[key_b] for r in rounds]
+        return geomean(ratios), min(ratios), max(ratios)
+
+    lines = ["", "## Reading it", ""]
+    for preset, target, precision, rounds in rows:
+        mean, low, high = ratio_range(rounds, ("psa", LAYERS[0]), ("twin", LAYERS[0]))
+        verdict = ("PSA slower in every round" if low > 1 else "PSA faster in every round"
+                   if high < 1 else "the rounds disagree in sign: below this machine's resolution")
+        count = nodes.get((preset, precision)) if target == "onnx" else None
+        twin_ms = statistics.median(r[("twin", LAYERS[0])] for r in rounds)
+        lines.append(f"- {preset} {target} {precision}: backend call {mean:.3f} "
+                     f"[{low:.3f}, {high:.3f}], {verdict}" + (
+                         f"; ONNX nodes PSA / twin {count[0]} / {count[1]} = "
+                         f"{count[0] / count[1]:.3f}, the twin's call is "
+                         f"{twin_ms * 1e6 / count[1]:.2f} µs per node." if count else "."))
+    for (preset, precision), (psa, twin) in profiles.items():
+        only = sorted(op for op in psa if op not in twin and not op.startswith("("))
+        own = sum(psa[op] for op in only)
+        shared = psa.get("MatMul", 0.0) - twin.get("MatMul", 0.0)
+        lines.append(f"- {preset} ONNX {precision}, profiler: the operator types only PSA has "
+                     f"({', '.join(only)}) take {own:.1f} µs per call; MatMul, the same work in "
+                     f"both graphs, differs by {shared:+.1f} µs; all kernels by "
+                     f"{psa['(all kernels)'] - twin['(all kernels)']:+.1f} µs.")
+    dynamic = ratio_range(decode_rounds, ("dynamic", "psa"), ("dynamic", "twin"))
+    decode = ratio_range(decode_rounds, ("decode-only", "psa"), ("decode-only", "twin"))
+    control = ratio_range(decode_rounds, ("copy", "twin"), ("dynamic", "twin"))
+    lines.append(f"- Decode-only ONNX graph (psa-4m fp32): ratio {decode[0]:.3f} against "
+                 f"{dynamic[0]:.3f} for the shipped dynamic graph in the same rounds; A/A "
+                 f"control of the backend call (the twin against a copy of its file, same "
+                 f"rounds): {control[0]:.3f} [{control[1]:.3f}, {control[2]:.3f}].")
+    return "\n".join(lines) + "\n"
+
+
+def write(rows, profiles, nodes, decode_only, args, wall) -> None:
+    m = machine()
+    rounds, graph_nodes = decode_only["rounds"], decode_only["nodes"]
+    decode_lines = ["| psa-4m ONNX fp32 graph | nodes PSA / twin | backend call PSA ms | "
+                    "twin ms | ratio [range over rounds] |", "|---|---|---|---|---|"]
+    for kind in ("dynamic", "decode-only"):
+        a = statistics.median(r[(kind, "psa")] for r in rounds)
+        b = statistics.median(r[(kind, "twin")] for r in rounds)
+        ratios = [r[(kind, "psa")] / r[(kind, "twin")] for r in rounds]
+        decode_lines.append(f"| {kind} | {graph_nodes[(kind, 'psa')]} / "
+                            f"{graph_nodes[(kind, 'twin')]} | "
+                            f"{a * 1e3:.4f} | {b * 1e3:.4f} | {geomean(ratios):.3f} "
+                            f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
+    doc = f"""# Where PSA's decode overhead comes from
+
+Made by `python tools/decode_profile.py --context {args.context} --rounds {args.rounds} \
+--blocks {args.blocks}` in {wall / 60:.0f} min on {m['cpu']} ({m['cores']} cores, {m['arch']}),
+one thread, with the artifacts of [benchmarks.md](benchmarks.md) (random weights, key-only
+gamma_k 0.8). One decode step at a fixed context of {args.context} tokens (state restored before
+every call). Three nested layers: the backend call alone (ONNX Runtime `run` / ExecuTorch
+`Method.execute` of method `decode`, on prebuilt inputs), psa-edge's `graph.step` around it
+(numpy feeds in, outputs out) and the whole `Session.feed`. Each of {args.rounds} rounds opens
+fresh sessions, PSA first in even rounds and the twin first in odd ones, and alternates all six
+cells in {args.blocks} blocks (A B / B A) of about {BLOCK_SECONDS * 1e3:.0f} ms; times are the
+median over rounds of each round's median, ratios the geometric mean of the rounds' ratios with
+their range. A range that straddles 1 means the difference is below what this machine resolves.
+
+{layers_table(rows)}
+
+## ONNX Runtime's profile of one decode call
+
+Kernel time per operator type, mean over {args.blocks * 25} calls per artifact with ORT's
+profiler on (PSA and twin alternating in blocks of 25; the profiler adds its own cost per node,
+so totals are above the medians above):
+{profile_table(profiles)}
+
+## A decode-only ONNX graph
+
+The shipped ONNX graph has a dynamic chunk length, so the shear's shift and slot are a Concat and
+two Slices per layer beside its Sub/Mul/Add. Exported again with the chunk length fixed at 1
+(what ExecuTorch's `decode` method is), the PSA graph needs only the Sub/Mul/Add. Backend call
+at the same context, measured like the table above:
+
+{chr(10).join(decode_lines)}
+"""
+    doc += reading(rows, profiles, nodes, rounds)
+    write_text(REPO / "docs" / "decode-profile.md", doc)
+    print(doc)
+
+
+if __name__ == "__main__":
+    main()
