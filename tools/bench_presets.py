@@ -270,7 +270,8 @@ The p50 ratio is measured in {2 * args.rounds} processes, `bench PSA --vs TWIN` 
 `bench TWIN --vs PSA` (inverted) in turn, because on this machine two processes measuring the
 same pair disagree by more than the 2% sought: the A/A control below (the twin against a
 byte-identical copy of itself, measured the same way) shows how far. The figure compared with
-the goal is the geometric mean over the processes, with their range. Threads: {args.threads}. Measured fp32 peak of this machine: {peak:.1f} GFLOP/s (numpy/OpenBLAS
+the goal is the geometric mean over the processes, with their range. Threads: {args.threads}.
+Measured fp32 peak of this machine: {peak:.1f} GFLOP/s (numpy/OpenBLAS
 1024^3 GEMM, {args.threads} threads, best of 20). FLOPs per decoded token are 2 x the
 multiply-adds of the linears, the attention over the mean context and the shear (3 d per
 sheared stream), at context {args.n // 2}.

@@ -44,9 +44,9 @@ BLOCK_SECONDS = 0.02
 LAYERS = ("backend call", "graph.step", "Session.feed")
 
 
-def layer_calls(path: Path, context: np.ndarray) -> dict:
-    """Zero-argument callables for the three layers of one decode step at P = len(context),
-    plus the setup each needs before a call."""
+def layer_calls(path: Path, context: np.ndarray) -> tuple[dict, dict]:
+    """Zero-argument callables (with the setup each needs before a call) for the three layers of
+    one decode step at P = len(context), and the graph's feeds for that step."""
     session = open_session(path, threads=1)
     session.feed(context)
     snapshot = session.snapshot()
@@ -61,10 +61,10 @@ def layer_calls(path: Path, context: np.ndarray) -> dict:
 
         args = [as_torch(torch, feeds[n]) for n in spec.input_names]
         backend = lambda: graph.decode.execute(args)  # noqa: E731
-    return {"backend call": (backend, None),
-            "graph.step": (lambda: graph.step(TOKEN, snapshot.state), None),
-            "Session.feed": (lambda: session.feed(TOKEN), lambda: session.restore(snapshot)),
-            "_feeds": feeds}
+    calls = {"backend call": (backend, None),
+             "graph.step": (lambda: graph.step(TOKEN, snapshot.state), None),
+             "Session.feed": (lambda: session.feed(TOKEN), lambda: session.restore(snapshot))}
+    return calls, feeds
 
 
 def interleaved(calls: dict[str, tuple], blocks: int) -> dict[str, float]:
@@ -211,8 +211,7 @@ def rounds_of(paths: dict[str, Path], context: np.ndarray, args, make_calls) -> 
 
 
 def session_layers(who: str, path: Path, context: np.ndarray) -> dict:
-    layers = layer_calls(path, context)
-    layers.pop("_feeds")
+    layers, _ = layer_calls(path, context)
     return {(who, layer): c for layer, c in layers.items()}
 
 
@@ -234,12 +233,12 @@ def main() -> None:
             set_threads(list(paths.values()), 1)
             rounds = rounds_of(paths, context, args, session_layers)
             rows.append((preset, target, quant or "fp32", rounds))
-            print(f"{preset} {target} {quant or 'fp32'}: backend call ratio "
-                  f"{geomean([r[('psa', LAYERS[0])] / r[('twin', LAYERS[0])] for r in rounds]):.3f}",
+            ratio = geomean([r[("psa", LAYERS[0])] / r[("twin", LAYERS[0])] for r in rounds])
+            print(f"{preset} {target} {quant or 'fp32'}: backend call ratio {ratio:.3f}",
                   flush=True)
             if target == "onnx":
                 nodes[(preset, quant or "fp32")] = tuple(node_count(p) for p in paths.values())
-                feeds = {who: layer_calls(path, context)["_feeds"] for who, path in paths.items()}
+                feeds = {who: layer_calls(path, context)[1] for who, path in paths.items()}
                 profiles[(preset, quant or "fp32")] = tuple(
                     ort_kernel_profiles(paths, feeds, args.blocks).values())
     decode_only = decode_only_experiment(args)
@@ -258,7 +257,7 @@ def decode_only_experiment(args) -> dict:
     ckpt = checkpoint("psa-4m")
     context = task_context(ckpt, args.context)
     shipped = {who: artifact(ckpt, "onnx", None, who == "twin") for who in ("psa", "twin")}
-    feeds = {who: layer_calls(path, context)["_feeds"] for who, path in shipped.items()}
+    feeds = {who: layer_calls(path, context)[1] for who, path in shipped.items()}
     paths = {("dynamic", who): path for who, path in shipped.items()}
     paths.update({("decode-only", who): decode_only_onnx(ckpt, who == "twin")
                   for who in ("psa", "twin")})
