@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 from bench_presets import BUILDS, MAX_LEN, OUT, artifact, checkpoint  # noqa: E402
 from psa_edge.io import write_text  # noqa: E402
 from psa_edge.runtime.bench import machine, set_threads  # noqa: E402
-from psa_edge.runtime.graph import OnnxGraph, as_torch  # noqa: E402
+from psa_edge.runtime.graph import OnnxGraph  # noqa: E402
 from psa_edge.runtime.session import open_session  # noqa: E402
 
 TOKEN = np.array([7])
@@ -57,9 +57,9 @@ def layer_calls(path: Path, context: np.ndarray) -> tuple[dict, dict]:
         names = list(spec.output_names)
         backend = lambda: graph.session.run(names, feeds)  # noqa: E731
     else:
-        import torch
+        from psa_edge.executorch_backend import as_torch
 
-        args = [as_torch(torch, feeds[n]) for n in spec.input_names]
+        args = [as_torch(feeds[n]) for n in spec.input_names]
         backend = lambda: graph.decode.execute(args)  # noqa: E731
     calls = {"backend call": (backend, None),
              "graph.step": (lambda: graph.step(TOKEN, snapshot.state), None),

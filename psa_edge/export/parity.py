@@ -47,8 +47,9 @@ def reference_logits(model: PSATransformer, tokens: np.ndarray) -> np.ndarray:
 
 def explicit_state_logits(artifact: Path, manifest: dict, tokens: np.ndarray,
                           chunks: list[int]) -> np.ndarray:
+    from psa_edge.executorch_backend import PteGraph
     from psa_edge.runtime.decode import decode_chunks
-    from psa_edge.runtime.graph import OnnxGraph, PteGraph
+    from psa_edge.runtime.graph import OnnxGraph
 
     # The artifact is still under its temporary name: no manifest beside it to open it by.
     graph_cls = OnnxGraph if manifest["target"] == "onnx" else PteGraph
@@ -57,7 +58,7 @@ def explicit_state_logits(artifact: Path, manifest: dict, tokens: np.ndarray,
 
 
 def runner_logits(artifact: Path, tokens: np.ndarray, chunks: list[int]) -> np.ndarray:
-    from psa_edge.runtime.graph import RunnerProgram
+    from psa_edge.executorch_backend import RunnerProgram
 
     program, out, start = RunnerProgram(artifact), [], 0
     for size in chunks:

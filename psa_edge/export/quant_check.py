@@ -94,7 +94,7 @@ def check_source(checkpoint: Path, artifact: Path, manifest: dict) -> None:
 def artifact_decoder(artifact: Path, manifest: dict):
     """A function tokens `[T]` -> logits `[T, V]`, feeding the artifact one token per call."""
     if manifest.get("form") == "runner":
-        from psa_edge.runtime.graph import RunnerProgram
+        from psa_edge.executorch_backend import RunnerProgram
 
         program = RunnerProgram(artifact)
         return lambda tokens: np.concatenate([program.run(tokens[i:i + 1], i)

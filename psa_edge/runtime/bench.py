@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from psa_edge.errors import ArtifactError, SequenceError
-from psa_edge.runtime.graph import RunnerProgram, read_manifest, same_architecture
+from psa_edge.runtime.graph import read_manifest, same_architecture
 from psa_edge.runtime.session import open_session
 
 
@@ -99,6 +99,8 @@ class Runner:
         self.artifact, self.manifest = artifact, read_manifest(artifact)
         self.form = self.manifest.get("form")
         if self.form == "runner":
+            from psa_edge.executorch_backend import RunnerProgram
+
             self.program = RunnerProgram(artifact)
         else:
             self.session = open_session(artifact, threads)
@@ -136,11 +138,9 @@ class Runner:
 def set_threads(artifacts: list[Path], threads: int | None) -> str:
     """Thread count per backend; ExecuTorch's threadpool is process-wide."""
     if any(read_manifest(a, check_hash=False).get("backend") == "executorch" for a in artifacts):
-        from executorch.extension.pybindings import portable_lib
+        from psa_edge.executorch_backend import set_threads as set_executorch_threads
 
-        if threads:
-            portable_lib._unsafe_reset_threadpool(threads)
-        return str(portable_lib._threadpool_get_thread_count())
+        return str(set_executorch_threads(threads))
     return str(threads) if threads else f"onnxruntime default ({os.cpu_count()} cores)"
 
 

@@ -31,6 +31,7 @@ from psa_edge.runtime.graph import read_manifest
 
 PACKAGE = Path(__file__).resolve().parent.parent
 RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "tokenizer.py", "display.py", "cli.py",
+                 "executorch_backend.py",
                  "runtime/__init__.py", "runtime/graph.py", "runtime/session.py",
                  "runtime/decode.py", "runtime/generate.py", "runtime/speculative.py",
                  "runtime/run.py", "runtime/bench.py", "runtime/bundle.py"]

@@ -11,8 +11,9 @@ Backends:
   concatenation writes there; inputs are bound without copies), used in turn. It is off by
   default: on ORT's CPU provider it measured slower than plain `run` (docs/runtime.md,
   tools/runtime_bench.py);
-- `executorch`: ExecuTorch's Python runtime (`.pte`, xnnpack or portable), imported only here
-  and only when such an artifact is opened (its pybindings take and return torch tensors);
+- `executorch`: ExecuTorch's Python runtime (`.pte`, xnnpack or portable), in
+  `psa_edge.executorch_backend`, imported only when such an artifact is opened (its pybindings
+  take and return torch tensors, so that module is the one place torch meets the runtime);
 - `eager`: the PyTorch float reference (`psa_edge.export.eager`), for a `model.pt`.
 The manifest must match the artifact (sha256) or `ArtifactError` is raised.
 """
@@ -62,6 +63,12 @@ class GraphSpec:
         """(state key, graph input name, graph output name) per layer and state field."""
         return tuple((f"{i}.{f}", f"past_key_values.{i}.{f}", f"present.{i}.{f}")
                      for i in range(self.num_layers) for f in self.state_fields)
+
+    @cached_property
+    def slot_keys(self) -> tuple[str, ...]:
+        """State keys of the previous-key (and previous-query) slots."""
+        return tuple(key for key, _, _ in self.state_io
+                     if key.split(".")[1] in ("prev_key", "prev_query"))
 
     @cached_property
     def raw_io(self) -> tuple[tuple[str, str], ...]:
@@ -180,70 +187,6 @@ class OnnxGraph(Graph):
         return outputs["logits"][0], new_state, raw
 
 
-class PteGraph(Graph):
-    backend = "executorch"
-
-    def __init__(self, artifact: Path, manifest: dict):
-        super().__init__(artifact, manifest)
-        quiet_executorch_import()
-        from executorch.runtime import Runtime
-
-        try:
-            program = Runtime.get().load_program(str(artifact))
-            self.method = program.load_method("forward")
-            # A one-token step runs method `decode` (S = 1) when the program has it.
-            self.decode = (program.load_method("decode")
-                           if "decode" in program.method_names else self.method)
-        except Exception as exc:  # noqa: BLE001
-            raise ArtifactError(f"ExecuTorch cannot load {artifact}: {str(exc)[:160]}")
-
-    def run(self, feeds):
-        import torch  # ExecuTorch's pybindings take and return torch tensors
-
-        args = [as_torch(torch, feeds[n]) for n in self.spec.input_names]
-        method = self.decode if feeds["input_ids"].size == 1 else self.method
-        outputs = method.execute(args)  # fresh tensors each call (checked: no aliasing)
-        return {n: o.numpy() for n, o in zip(self.spec.output_names, outputs)}
-
-
-class RunnerProgram:
-    """A runner-form `.pte` (`forward(tokens, input_pos) -> logits`, cache inside the program),
-    the form ExecuTorch's LLM runner drives. `run(tokens, position)` returns logits `[S, V]`;
-    position 0 starts a new sequence (the program masks its stale slot there)."""
-
-    def __init__(self, artifact: Path):
-        quiet_executorch_import()
-        from executorch.runtime import Runtime
-
-        try:
-            self.method = Runtime.get().load_program(str(artifact)).load_method("forward")
-        except Exception as exc:  # noqa: BLE001
-            raise ArtifactError(f"ExecuTorch cannot load {artifact}: {str(exc)[:160]}")
-
-    def run(self, tokens: np.ndarray, position: int) -> np.ndarray:
-        import torch  # ExecuTorch's pybindings take and return torch tensors
-
-        tokens = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))[None]
-        return self.method.execute([tokens, torch.tensor([position])])[0][0].numpy()
-
-
-def quiet_executorch_import() -> None:
-    """executorch.runtime imports torch and torchao, which log warnings about optional CUDA
-    kernels and deprecations that are not the user's concern."""
-    import logging
-
-    for name in ("torch", "torchao"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def as_torch(torch, array: np.ndarray):
-    """A tensor with standard contiguous strides; ExecuTorch asserts on the zero strides that
-    numpy gives an empty (P = 0) cache."""
-    if array.size == 0:
-        return torch.empty(array.shape, dtype=torch.from_numpy(array[:0]).dtype)
-    return torch.from_numpy(np.ascontiguousarray(array))
-
-
 def open_graph(artifact: str | Path, threads: int | None = None) -> Graph:
     artifact = Path(artifact)
     manifest = read_manifest(artifact)
@@ -257,5 +200,7 @@ def open_graph(artifact: str | Path, threads: int | None = None) -> Graph:
     if manifest.get("target") == "onnx":
         return OnnxGraph(artifact, manifest, threads)
     if manifest.get("target") in ("xnnpack", "portable"):
+        from psa_edge.executorch_backend import PteGraph
+
         return PteGraph(artifact, manifest)
     raise ArtifactError(f"{artifact.name}: unknown target {manifest.get('target')!r}")

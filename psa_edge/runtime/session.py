@@ -95,7 +95,7 @@ class Session:
         tokens = self.check(tokens)
         logits, state, raw = self.graph.step(tokens, self.state)
         # Copied: with ONNX Runtime IO binding the state may live in a buffer reused later.
-        slots = {k: v.copy() for k, v in self.state.items() if k.split(".")[1] in SLOT_OF_RAW}
+        slots = {k: self.state[k].copy() for k in self.spec.slot_keys}
         self._chunks.append(Chunk(self.length, logits, raw, slots, self.last_logits))
         while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
                 >= ROLLBACK_WINDOW:
@@ -152,7 +152,7 @@ class Session:
                         if k.split(".")[1] in ("key", "value"))
         per_position = sum(4 * int(np.prod(spec.shape(k.split(".")[1], 1)))
                            for k in self.state if k.split(".")[1] in ("key", "value"))
-        slots = sum(v.nbytes for k, v in self.state.items() if k.split(".")[1] in SLOT_OF_RAW)
+        slots = sum(self.state[k].nbytes for k in spec.slot_keys)
         return {"length": self.length, "max_seq_len": spec.max_seq_len,
                 "kv_cache_bytes": cache_now,
                 "kv_cache_bytes_at_max": per_position * spec.max_seq_len,
