@@ -230,3 +230,27 @@ def test_quant_check_bad_input(int8, tiny_checkpoint, tmp_path):
     result = cli("quant-check", DEFAULT, int8["onnx"])
     assert result.returncode == 2 and "was not exported from" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_int8_decode_method_has_no_shift_ops(tiny_checkpoint, tmp_path):
+    """The int8 `decode` method (S = 1) is re-traced from the converted module with the shear's
+    shift and slot reattached as `ops.previous` / `ops.last`, so, as in fp32, it concatenates
+    only onto the caches and slices only the RoPE halves; `forward` keeps the general shift."""
+    req = pipeline.check_request(ExportRequest(tiny_checkpoint, "xnnpack", tmp_path / "m.pte",
+                                               TINY_LEN, quant=STATIC))
+    model, source = pipeline.load(req)
+    model = pipeline.transform(model, req)
+    methods, _ = pipeline.quantize(pipeline.export(model, req), model, source, req)
+
+    def sequence_ops(method):  # cat / slice along the sequence dim (-2) of a method
+        nodes = [n for n in methods[method].program.graph.nodes if n.op == "call_function"]
+        aten = torch.ops.aten
+        return {kind: sum(1 for n in nodes if n.target == op
+                          and n.args[1] % 4 == 2 and n.meta["val"].dim() == 4)
+                for kind, op in (("cat", aten.cat.default), ("slice", aten.slice.Tensor))}
+
+    layers = model.cfg.num_hidden_layers
+    assert sequence_ops("decode") == {"cat": 2 * layers, "slice": 0}
+    # forward: per layer the key and value cache appends and the shift's concat; the shift and
+    # the slot each slice once
+    assert sequence_ops("forward") == {"cat": 3 * layers, "slice": 2 * layers}

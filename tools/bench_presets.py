@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "out" / "bench"
 sys.path.insert(0, str(REPO))
 
+from psa_edge.runtime.bench import cpu_times, steal_sentence, steal_share  # noqa: E402
+
 BUILDS = [("onnx", None), ("onnx", "int8"), ("xnnpack", None), ("xnnpack", "int8")]
 MAX_LEN = 512
 GOAL = 1.02
@@ -143,7 +145,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="Processes per pair and order.")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    started, cpu_before = time.time(), cpu_times()
     peak = gemm_peak(args.threads)
     print(f"fp32 GEMM peak at {args.threads} threads: {peak:.1f} GFLOP/s", flush=True)
     rows, reports, runner_reports = [], [], []
@@ -160,7 +162,8 @@ def main() -> None:
         runner = artifact(ckpt, "xnnpack", None, False, "runner")
         runner_reports.append((preset, bench(runner, None, args)))
     control = aa_control(rows[0], args)
-    write(rows, runner_reports, reports, peak, control, args, time.time() - started)
+    write(rows, runner_reports, reports, peak, control, args,
+          (time.time() - started, steal_share(cpu_before, cpu_times())))
 
 
 def p50_ratio(report: dict) -> float:
@@ -203,7 +206,8 @@ def aa_sentence(control: dict) -> str:
             f"[{min(ratios):.3f}, {max(ratios):.3f}], where the truth is 1.000.")
 
 
-def write(rows, runner_reports, reports, peak, control, args, wall) -> None:
+def write(rows, runner_reports, reports, peak, control, args, run) -> None:
+    wall, steal = run
     from psa_edge.display import bench_plot
 
     pp, tg = f"pp{args.p}", f"tg{args.n}"
@@ -258,7 +262,8 @@ def write(rows, runner_reports, reports, peak, control, args, wall) -> None:
 
 Made by `python tools/bench_presets.py --threads {args.threads} -p {args.p} -n {args.n} -r {args.r}`
 in {wall / 60:.0f} min on {m['cpu']} ({m['cores']} cores, {m['arch']}, {m['os']}), Python
-{m['python']}, {platform.python_implementation()}; nothing else ran on the machine. Models:
+{m['python']}, {platform.python_implementation()}; nothing else ran on the machine
+({steal_sentence(steal)}). Models:
 the `psa-4m` and `psa-30m` presets with random weights (seed 0; speed does not depend on what
 the weights learned), key-only gamma_k 0.8, max length {MAX_LEN}; int8 is the exporter's static
 int8 (per-channel weights, calibrated activations, shear fp32). Each row is one
@@ -301,10 +306,10 @@ Stats: ms timestamps; it counts generated tokens without the first):
   of a decoded token's FLOPs here (`flops_per_token`): any measurable overhead is per-op and
   per-tensor overhead of the runtime, not arithmetic.
 - ExecuTorch programs carry a `decode` method (S = 1) beside `forward`. There the shear's
-  shift and slot need no op in fp32 (the slot is the previous key, the new raw key is the next
-  slot) and are static slices inside the delegate in int8 (re-traced from the quantized graph);
-  XNNPACK takes the Sub/Mul/Add, and the PSA program runs the same instructions outside
-  XNNPACK as its twin (tested). In the
+  shift and slot need no op, in fp32 and in int8 (the slot is the previous key, the new raw key
+  is the next slot; the int8 methods are re-traced from the quantized graph with the shift
+  reattached as `ops.previous` / `ops.last`), XNNPACK takes the Sub/Mul/Add, and the PSA
+  program runs the same instructions outside XNNPACK as its twin (tested). In the
   dynamic-shape `forward` method (prefill, speculative verify) the shift and slot slices stay
   outside XNNPACK and split its partitions. XNNPACK delegate calls per call, from the
   manifests' delegation reports (PSA / twin):

@@ -13,7 +13,10 @@ one decode step are timed:
 PSA and twin alternate in blocks (A B / B A); medians over all calls. ONNX Runtime's own
 profiler splits the ONNX backend call by operator type (kernel time per call). Last, psa-4m's
 ONNX graphs are exported again with the chunk length fixed at 1 (the shear's shift and slot then
-need no Concat/Slice) and timed against the shipped dynamic-length graphs.
+need no Concat/Slice) and timed against the shipped dynamic-length graphs. Finally each piece
+PSA adds per layer (the shear's Sub/Mul/Add, the shift and slot, the slot's graph inputs and
+outputs) is timed alone in ONNX Runtime, and the sum over the layers is set against the
+measured overhead.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import numpy as np  # noqa: E402
 
 from bench_presets import BUILDS, MAX_LEN, OUT, artifact, checkpoint  # noqa: E402
 from psa_edge.io import write_text  # noqa: E402
-from psa_edge.runtime.bench import machine, set_threads  # noqa: E402
+from psa_edge.runtime.bench import (cpu_times, machine, set_threads,  # noqa: E402
+                                    steal_share, steal_sentence)
 from psa_edge.runtime.graph import OnnxGraph  # noqa: E402
 from psa_edge.runtime.session import open_session  # noqa: E402
 
@@ -152,6 +156,69 @@ def decode_only_onnx(ckpt: Path, twin: bool) -> Path:
     return path
 
 
+UNITS = ("shear: Sub, Mul, Add (SPEC §2)", "shift and slot: Concat, 2 Slices",
+         "state I/O: slot in, slot and raw key out (+ an Add, an Identity)")
+
+
+def unit_graph(unit: str, copies: int):
+    """An ONNX graph of `copies` of one of the per-layer pieces PSA adds to the twin's decode
+    graph, on a `[1, Hkv, 1, dh]` stream: the shear's three elementwise ops (chained, as
+    layers are), the dynamic graph's shift and slot, or the slot's graph inputs/outputs."""
+    from onnx import TensorProto, helper
+
+    def tensor(name, dims=None):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+    nodes, inputs, outputs = [], [tensor("x"), tensor("prev")], []
+    stream, slot = "x", "prev"
+    for i in range(copies):
+        if unit == UNITS[0]:
+            nodes += [helper.make_node("Sub", [stream, "prev"], [f"d{i}"]),
+                      helper.make_node("Mul", [f"d{i}", "gamma"], [f"m{i}"]),
+                      helper.make_node("Add", [f"m{i}", stream], [f"s{i}"])]
+            stream = f"s{i}"
+        elif unit == UNITS[1]:  # the next copy's Concat takes this one's slot: nothing dies
+            nodes += [helper.make_node("Concat", [slot, stream], [f"c{i}"], axis=2),
+                      helper.make_node("Slice", [f"c{i}", "zero", "minus1", "two"], [f"p{i}"]),
+                      helper.make_node("Slice", [stream, "minus1", "end", "two"], [f"l{i}"])]
+            stream, slot = f"p{i}", f"l{i}"
+        else:  # graph outputs need producers: an Add for the slot, an Identity for the raw key
+            inputs.append(tensor(f"slot{i}"))
+            outputs += [tensor(f"slot_out{i}"), tensor(f"raw{i}")]
+            nodes += [helper.make_node("Identity", [stream], [f"raw{i}"]),
+                      helper.make_node("Add", [f"slot{i}", stream], [f"slot_out{i}"])]
+    if unit == UNITS[1]:
+        nodes.append(helper.make_node("Add", [stream, slot], ["joined"]))
+        stream = "joined"
+    nodes.append(helper.make_node("Identity", [stream], ["y"]))
+    constants = [helper.make_tensor("gamma", TensorProto.FLOAT, [], [0.8])] + [
+        helper.make_tensor(name, TensorProto.INT64, [1], [value])
+        for name, value in (("zero", 0), ("minus1", -1), ("two", 2), ("end", 2 ** 62))]
+    graph = helper.make_graph(nodes, unit, inputs, outputs + [tensor("y")], constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def unit_costs(shape: tuple, blocks: int, copies: int = 24) -> dict[str, float]:
+    """Seconds each piece adds per layer to an ONNX Runtime call (one thread): the slope
+    between graphs with `copies` of it and with none, so the call's fixed cost cancels."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    rng = np.random.default_rng(0)
+    calls = {}
+    for unit in UNITS:
+        for n in (0, copies):
+            session = ort.InferenceSession(unit_graph(unit, n).SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+            feeds = {i.name: rng.standard_normal(shape).astype(np.float32)
+                     for i in session.get_inputs()}
+            calls[(unit, n)] = (lambda s=session, f=feeds: s.run(None, f), None)
+    times = interleaved(calls, blocks)
+    return {unit: (times[(unit, copies)] - times[(unit, 0)]) / copies for unit in UNITS}
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     from psa_edge.io import atomic_output
 
@@ -223,7 +290,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="Fresh sessions per cell.")
     parser.add_argument("--blocks", type=int, default=20, help="A B / B A blocks per round.")
     args = parser.parse_args()
-    started = time.time()
+    started, cpu_before = time.time(), cpu_times()
     rows, profiles, nodes = [], {}, {}
     for preset in args.presets:
         ckpt = checkpoint(preset)
@@ -242,12 +309,87 @@ def main() -> None:
                 profiles[(preset, quant or "fp32")] = tuple(
                     ort_kernel_profiles(paths, feeds, args.blocks).values())
     decode_only = decode_only_experiment(args)
-    write(rows, profiles, nodes, decode_only, args, time.time() - started)
+    floors = {preset: floor_of(preset, rows, args) for preset in args.presets}
+    reattach = reattach_experiment(args)
+    write(rows, profiles, nodes, decode_only, floors, reattach, args,
+          (time.time() - started, steal_share(cpu_before, cpu_times())))
+
+
+def floor_of(preset: str, rows, args) -> dict:
+    """What the per-layer pieces PSA adds cost in ONNX Runtime in isolation, summed over the
+    preset's layers, against its measured ONNX fp32 backend-call overhead."""
+    cfg = json.loads(Path(f"{checkpoint(preset)}.json").read_text())["config"]
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    units = unit_costs((1, cfg["num_key_value_heads"], 1, head_dim), args.blocks)
+    rounds = next(r for p, t, q, r in rows if (p, t, q) == (preset, "onnx", "fp32"))
+    psa, twin = (statistics.median(r[(who, LAYERS[0])] for r in rounds)
+                 for who in ("psa", "twin"))
+    return {"layers": cfg["num_hidden_layers"], "units": units, "twin": twin,
+            "measured": geomean([r[("psa", LAYERS[0])] / r[("twin", LAYERS[0])]
+                                 for r in rounds]), "measured_us": (psa - twin) * 1e6}
+
+
+def floor_table(floors: dict) -> str:
+    lines = ["| preset | layers | " + " | ".join(f"{u} (µs per layer)" for u in UNITS) +
+             " | sum over layers (µs) | predicted ratio (twin call + sum) | without the shift "
+             "(S = 1 graph) | measured ratio (table above) |", "|" + "---|" * (6 + len(UNITS))]
+    for preset, f in floors.items():
+        total = f["layers"] * sum(f["units"].values())
+        without_shift = total - f["layers"] * f["units"][UNITS[1]]
+        lines.append(f"| {preset} | {f['layers']} | " + " | ".join(
+            f"{f['units'][u] * 1e6:.2f}" for u in UNITS) + f" | {total * 1e6:.1f} | "
+            f"{1 + total / f['twin']:.3f} | {1 + without_shift / f['twin']:.3f} | "
+            f"{f['measured']:.3f} ({f['measured_us']:+.1f} µs) |")
+    return "\n".join(lines)
 
 
 def task_context(ckpt: Path, length: int) -> np.ndarray:
     vocab = json.loads(Path(f"{ckpt}.json").read_text())["config"]["vocab_size"]
     return np.random.default_rng(0).integers(0, vocab, length)
+
+
+def unreattached_int8(ckpt: Path) -> Path:
+    """The XNNPACK int8 PSA program as exported before `quantize.reattach_shifts`: its
+    `decode` method keeps the converted graph's static cat/slice (not a shipped artifact)."""
+    from psa_edge.export import quantize
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.export.quantize import QuantSpec
+
+    path = OUT / f"{ckpt.stem}.xnnpack.int8.unreattached.pte"
+    if not path.exists():
+        reattach = quantize.reattach_shifts
+        quantize.reattach_shifts = lambda module: 0
+        try:
+            run_export(ExportRequest(ckpt, "xnnpack", path, MAX_LEN, quant=QuantSpec("int8")))
+        finally:
+            quantize.reattach_shifts = reattach
+    return path
+
+
+def reattach_experiment(args) -> list[dict]:
+    """Backend-call rounds of psa-4m's XNNPACK int8 `decode`: shipped PSA, the same program
+    without the reattached shift, and the twin."""
+    ckpt = checkpoint("psa-4m")
+    paths = {"shipped": artifact(ckpt, "xnnpack", "int8", False),
+             "unreattached": unreattached_int8(ckpt),
+             "twin": artifact(ckpt, "xnnpack", "int8", True)}
+    set_threads(list(paths.values()), 1)
+
+    def backend_call(who, path, context):
+        layers, _ = layer_calls(path, context)
+        return {who: layers[LAYERS[0]]}
+
+    return rounds_of(paths, task_context(ckpt, args.context), args, backend_call)
+
+
+def reattach_table(rounds: list[dict]) -> str:
+    lines = ["| psa-4m XNNPACK int8 `decode` | backend call ms | ratio to twin [range over "
+             "rounds] |", "|---|---|---|"]
+    for who in ("unreattached", "shipped", "twin"):
+        ratios = [r[who] / r["twin"] for r in rounds]
+        lines.append(f"| {who} | {statistics.median(r[who] for r in rounds) * 1e3:.4f} | "
+                     f"{geomean(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] |")
+    return "\n".join(lines)
 
 
 def decode_only_experiment(args) -> dict:
@@ -275,7 +417,7 @@ def decode_only_experiment(args) -> dict:
     return {"rounds": rounds, "nodes": {key: node_count(path) for key, path in paths.items()}}
 
 
-def reading(rows, profiles, nodes, decode_rounds) -> str:
+def reading(rows, profiles, nodes, decode_rounds, floors) -> str:
     """The measured facts the tables support, computed from them."""
     def ratio_range(rounds, key_a, key_b):
         ratios = [r[key_a] / r[key_b] for r in rounds]
@@ -308,11 +450,17 @@ def reading(rows, profiles, nodes, decode_rounds) -> str:
                  f"{dynamic[0]:.3f} for the shipped dynamic graph in the same rounds; A/A "
                  f"control of the backend call (the twin against a copy of its file, same "
                  f"rounds): {control[0]:.3f} [{control[1]:.3f}, {control[2]:.3f}].")
+    for preset, f in floors.items():
+        pieces = f["layers"] * sum(f["units"].values()) * 1e6
+        lines.append(f"- {preset} ONNX fp32: the pieces PSA adds cost {pieces:.1f} µs per token "
+                     f"in isolation, of the {f['measured_us']:+.1f} µs measured; the graphs "
+                     f"differ by those nodes only (benchmarks.md lists them), so the rest is "
+                     f"how they run inside the model (caches, memory plan) or noise (A/A).")
     return "\n".join(lines) + "\n"
 
 
-def write(rows, profiles, nodes, decode_only, args, wall) -> None:
-    m = machine()
+def write(rows, profiles, nodes, decode_only, floors, reattach, args, run) -> None:
+    (wall, steal), m = run, machine()
     rounds, graph_nodes = decode_only["rounds"], decode_only["nodes"]
     decode_lines = ["| psa-4m ONNX fp32 graph | nodes PSA / twin | backend call PSA ms | "
                     "twin ms | ratio [range over rounds] |", "|---|---|---|---|---|"]
@@ -327,8 +475,8 @@ def write(rows, profiles, nodes, decode_only, args, wall) -> None:
     doc = f"""# Where PSA's decode overhead comes from
 
 Made by `python tools/decode_profile.py --context {args.context} --rounds {args.rounds} \
---blocks {args.blocks}` in {wall / 60:.0f} min on {m['cpu']} ({m['cores']} cores, {m['arch']}),
-one thread, with the artifacts of [benchmarks.md](benchmarks.md) (random weights, key-only
+--blocks {args.blocks}` in {wall / 60:.0f} min on {m['cpu']} ({m['cores']} cores, {m['arch']};
+{steal_sentence(steal)}), one thread, with the artifacts of [benchmarks.md](benchmarks.md) (random weights, key-only
 gamma_k 0.8). One decode step at a fixed context of {args.context} tokens (state restored before
 every call). Three nested layers: the backend call alone (ONNX Runtime `run` / ExecuTorch
 `Method.execute` of method `decode`, on prebuilt inputs), psa-edge's `graph.step` around it
@@ -356,7 +504,28 @@ at the same context, measured like the table above:
 
 {chr(10).join(decode_lines)}
 """
-    doc += reading(rows, profiles, nodes, rounds)
+    doc += f"""
+## What the pieces cost in isolation (ONNX Runtime, one thread)
+
+Each piece PSA adds per layer to the twin's decode graph, timed alone on the slot's shape
+`[1, Hkv, 1, dh]`: a graph with 24 copies against one with none, interleaved, so the call's
+fixed cost cancels. The sum over the layers, added to the twin's measured backend call, is the
+overhead these pieces explain; the last columns compare it with what was measured.
+
+{floor_table(floors)}
+"""
+    doc += f"""
+## XNNPACK int8: the shift reattached before re-tracing `decode`
+
+An int8 program's methods are re-traced from one quantized graph, in which the shear's shift
+and slot had become plain cat/slice ops; re-traced at S = 1 they stayed, as static ops inside
+XNNPACK. `quantize.reattach_shifts` turns them back into `ops.previous` / `ops.last` first, so
+`decode` needs no op for them, as in fp32. The same psa-4m program exported without that step,
+against the shipped one and the twin (backend call, measured like the first table):
+
+{reattach_table(reattach)}
+"""
+    doc += reading(rows, profiles, nodes, rounds, floors)
     write_text(REPO / "docs" / "decode-profile.md", doc)
     print(doc)
 

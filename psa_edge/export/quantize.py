@@ -14,8 +14,11 @@ Contract:
 - ExecuTorch: torchao's `prepare_pt2e`/`convert_pt2e` with ExecuTorch's `XNNPACKQuantizer`,
   scoped to `aten.linear` by `set_operator_type` (executorch 1.4.1's `set_filter_function` is
   not honoured by its `cat` annotator, which then quantizes the KV-cache concatenation), plus
-  `ShearQuantizer` for the shear. ONNX: ONNX Runtime's `quant_pre_process`, then QDQ
-  `quantize_static` with a calibration reader, or `quantize_dynamic`.
+  `ShearQuantizer` for the shear. Every method is re-traced from the one converted module,
+  whose shear shift and slot are first reattached as `ops.previous` / `ops.last`
+  (`reattach_shifts`), so the S = 1 `decode` method needs no op for them, as in fp32.
+  ONNX: ONNX Runtime's `quant_pre_process`, then QDQ `quantize_static` with a calibration
+  reader, or `quantize_dynamic`.
 - `summary` of each returns the manifest's `quantization` record: scheme, calibration set,
   quantized and float op histograms.
 """
@@ -23,6 +26,7 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +171,46 @@ def quantize_pt2e(program: torch.export.ExportedProgram, spec: QuantSpec,
         ops = pt2e_op_histograms(module.graph)
         for args in calibration_args or [example]:
             module(*args)
-        return convert_pt2e(module), ops
+        converted = convert_pt2e(module)
+    reattach_shifts(converted)
+    return converted, ops
+
+
+def reattach_shifts(module: torch.fx.GraphModule) -> int:
+    """Turn the shear's shift `cat([prev, x], -2)[..., :-1, :]` and slot `x[..., -1:, :]` of a
+    converted (dynamic-length) module back into calls of `ops.previous` / `ops.last`, in place.
+    Traced with a dynamic length they emit the same cat/slice again; re-traced with a static
+    length of 1 (ExecuTorch's `decode` method) they emit nothing, as in the float export,
+    instead of a concat and two slices per sheared stream. Returns how many were reattached."""
+    from psa_edge.model import ops
+
+    graph, count = module.graph, 0
+    for node in list(graph.nodes):
+        if node.target != aten.slice.Tensor:
+            continue
+        source, dim, start, end, step = (list(node.args) + [0, None, None, 1][len(node.args) - 1:])
+        value = node.meta.get("val")  # the slice's own; convert_pt2e's Q/DQ nodes have none
+        rank = value.dim() if value is not None else 0
+        if rank < 2 or dim % rank != rank - 2 or step != 1:
+            continue
+        if start == -1 and end in (None, sys.maxsize):
+            replacement = (ops.last, (source,))
+        elif (start in (0, None) and end == -1 and source.target == aten.cat.default
+              and len(source.args[0]) == 2 and len(source.args) > 1
+              and source.args[1] % rank == rank - 2):
+            prev, stream = source.args[0]
+            replacement = (ops.previous, (stream, prev))
+        else:
+            continue
+        with graph.inserting_before(node):
+            call = graph.call_function(*replacement)
+        call.meta = dict(node.meta)
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+        count += 1
+    graph.eliminate_dead_code()
+    module.recompile()
+    return count
 
 
 def retrace(module: torch.fx.GraphModule, example: tuple, flat_shapes: tuple

@@ -64,6 +64,29 @@ def machine() -> dict:
             "os": platform.platform(), "python": platform.python_version()}
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot, from Linux /proc/stat; None elsewhere."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal; guest time is already inside user/nice
+    return (fields[7], sum(fields[:8])) if len(fields) >= 8 else None
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Fraction of CPU time a hypervisor took from this machine between two `cpu_times()`."""
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def steal_sentence(share: float | None) -> str:
+    if share is None:
+        return "CPU steal not measurable here"
+    return f"the hypervisor took {share:.1%} of the CPU time during the run (steal, /proc/stat)"
+
+
 def rss_bytes() -> int:
     """Current resident set size (Linux /proc; elsewhere the peak as an upper bound)."""
     try:

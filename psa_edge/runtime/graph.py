@@ -112,6 +112,9 @@ def read_manifest(artifact: str | Path, check_hash: bool = True) -> dict:
 
 class Graph:
     backend = ""
+    # Whether a step's state outputs live in buffers a later step overwrites (ONNX Runtime IO
+    # binding); the session then copies what it keeps for rollback.
+    reuses_state_buffers = False
 
     def __init__(self, artifact: Path, manifest: dict):
         self.artifact, self.manifest = artifact, manifest
@@ -147,7 +150,7 @@ class OnnxGraph(Graph):
                                                 providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - ORT raises its own classes for bad files
             raise ArtifactError(f"ONNX Runtime cannot load {artifact}: {str(exc)[:160]}")
-        self.io_binding = io_binding
+        self.io_binding = self.reuses_state_buffers = io_binding
         # With IO binding: two max-length buffers per state output, used in turn (a call's
         # inputs may be views into one of them, so its outputs go to the other).
         spec = self.spec

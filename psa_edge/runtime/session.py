@@ -94,8 +94,9 @@ class Session:
     def feed(self, tokens) -> np.ndarray:
         tokens = self.check(tokens)
         logits, state, raw = self.graph.step(tokens, self.state)
-        # Copied: with ONNX Runtime IO binding the state may live in a buffer reused later.
-        slots = {k: self.state[k].copy() for k in self.spec.slot_keys}
+        slots = {k: self.state[k] for k in self.spec.slot_keys}
+        if self.graph.reuses_state_buffers:  # kept for rollback: must outlive the buffer
+            slots = {k: v.copy() for k, v in slots.items()}
         self._chunks.append(Chunk(self.length, logits, raw, slots, self.last_logits))
         while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
                 >= ROLLBACK_WINDOW:
