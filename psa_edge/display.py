@@ -36,8 +36,7 @@ def verify_table(report: dict) -> None:
     from rich.table import Table
 
     console = make_console()
-    reference = os.path.relpath(report["reference"]) if os.path.isabs(report["reference"]) \
-        else report["reference"]
+    reference = os.path.relpath(report["reference"])
     checks = Table("check", "what", "measured", "tolerance", "result",
                    title=f"verify {report['artifact']} ({report['backend']}, "
                          f"{report['quantization']}) against {reference}")

@@ -18,6 +18,7 @@ import torch
 from psa_edge.errors import ArtifactError
 from psa_edge.runtime.graph import Graph
 
+
 class PteGraph(Graph):
     backend = "executorch"
 

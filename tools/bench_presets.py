@@ -34,8 +34,6 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "out" / "bench"
 sys.path.insert(0, str(REPO))
 
-from psa_edge.runtime.bench import cpu_times, steal_sentence, steal_share  # noqa: E402
-
 BUILDS = [("onnx", None), ("onnx", "int8"), ("xnnpack", None), ("xnnpack", "int8")]
 MAX_LEN = 512
 GOAL = 1.02
@@ -180,6 +178,29 @@ def process_ratios(a: Path, b: Path, args) -> tuple[dict, list[float]]:
         reports.append(bench(a, b, args))
         ratios += [p50_ratio(reports[-1]), 1 / p50_ratio(bench(b, a, args))]
     return reports[0], ratios
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot, from Linux /proc/stat; None elsewhere."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal; guest time is already inside user/nice
+    return (fields[7], sum(fields[:8])) if len(fields) >= 8 else None
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Fraction of CPU time a hypervisor took from this machine between two `cpu_times()`."""
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def steal_sentence(share: float | None) -> str:
+    if share is None:
+        return "CPU steal not measurable here"
+    return f"the hypervisor took {share:.1%} of the CPU time during the run (steal, /proc/stat)"
 
 
 def geomean(values) -> float:

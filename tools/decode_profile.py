@@ -36,10 +36,10 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from bench_presets import BUILDS, MAX_LEN, OUT, artifact, checkpoint  # noqa: E402
+from bench_presets import (BUILDS, MAX_LEN, OUT, artifact, checkpoint, cpu_times,  # noqa: E402
+                           geomean, steal_sentence, steal_share)
 from psa_edge.io import write_text  # noqa: E402
-from psa_edge.runtime.bench import (cpu_times, machine, set_threads,  # noqa: E402
-                                    steal_share, steal_sentence)
+from psa_edge.runtime.bench import machine, set_threads  # noqa: E402
 from psa_edge.runtime.graph import OnnxGraph  # noqa: E402
 from psa_edge.runtime.session import open_session  # noqa: E402
 
@@ -244,10 +244,6 @@ def layers_table(rows) -> str:
                          f"{b * 1e3:.4f} | {(a - b) * 1e6:+.1f} | {geomean(ratios):.3f} "
                          f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
     return "\n".join(lines)
-
-
-def geomean(values) -> float:
-    return float(np.exp(np.mean(np.log(values))))
 
 
 def profile_table(profiles) -> str:

@@ -7,8 +7,7 @@ the same arithmetic (the shear is `ops.shear`: Sub, Mul, Add after the RoPE ops)
   start position is the past length P (dim 2 of the past key), as in Hugging Face optimum
   decoders without `position_ids`. ExecuTorch programs carry it twice, sharing the weights:
   method `forward` (S dynamic) and method `decode` (S = 1, where the shear's shift and the slot
-  need no op; static-shape cat/slice inside XNNPACK in an int8 program). Names follow
-  optimum / onnxruntime-genai:
+  need no op, in fp32 and in int8). Names follow optimum / onnxruntime-genai:
       past_key_values.{i}.key / .value / .prev_key / .prev_query  (inputs, in that order)
       present.{i}.key / .value / .prev_key / .prev_query           (outputs, same order)
       present.{i}.raw_key / .raw_query                              (outputs, after present)

@@ -108,19 +108,52 @@ def histogram(names) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 # ExecuTorch: PT2E
 
+def sequence_slice(node) -> tuple | None:
+    """(source, start, end, rank) of an aten slice along dim -2 with step 1, else None."""
+    if getattr(node, "target", None) != aten.slice.Tensor:
+        return None
+    source, dim, start, end, step = list(node.args) + [0, None, None, 1][len(node.args) - 1:]
+    value = node.meta.get("val")  # the slice's own; convert_pt2e's Q/DQ nodes have none
+    rank = value.dim() if value is not None else 0
+    if rank < 2 or dim % rank != rank - 2 or step != 1:
+        return None
+    return source, start, end, rank
+
+
+def shift_operands(node) -> tuple | None:
+    """(stream, prev) when `node` is the general form of `ops.previous(stream, prev)`,
+    `cat([prev, stream], -2)[..., :-1, :]`, in an aten-level FX graph; else None."""
+    sliced = sequence_slice(node)
+    if sliced is None or sliced[1] not in (0, None) or sliced[2] != -1:
+        return None
+    cat, rank = sliced[0], sliced[3]
+    if (getattr(cat, "target", None) != aten.cat.default or len(cat.args) < 2
+            or len(cat.args[0]) != 2 or cat.args[1] % rank != rank - 2):
+        return None
+    prev, stream = cat.args[0]
+    return stream, prev
+
+
+def last_position_of(node):
+    """The stream when `node` is the general form of `ops.last(stream)`, `stream[..., -1:, :]`;
+    else None."""
+    sliced = sequence_slice(node)
+    if sliced is None or sliced[1] != -1 or sliced[2] not in (None, sys.maxsize):
+        return None
+    return sliced[0]
+
+
 def shear_chains(graph: torch.fx.Graph) -> list[tuple]:
     """(sub, mul, add) of every shear `x + gamma (x - prev(x))` in an aten-level FX graph: a Sub
-    whose second input is a slice of a concat that holds its first input (the one-step shift of
-    `ops.previous`), its Mul, and the Add of that Mul back onto the stream."""
+    of a stream and its one-step shift (`shift_operands`), its Mul, and the Add of that Mul back
+    onto the stream."""
     chains = []
     for sub in graph.nodes:
         if sub.target != aten.sub.Tensor:
             continue
         stream, shifted = sub.args[:2]
-        source = shifted
-        while getattr(source, "target", None) == aten.slice.Tensor:
-            source = source.args[0]
-        if getattr(source, "target", None) != aten.cat.default or stream not in source.args[0]:
+        shift = shift_operands(shifted)
+        if shift is None or shift[0] is not stream:
             continue
         for mul in (u for u in sub.users if u.target == aten.mul.Tensor):
             for add in (u for u in mul.users if u.target == aten.add.Tensor and stream in u.args):
@@ -186,20 +219,11 @@ def reattach_shifts(module: torch.fx.GraphModule) -> int:
 
     graph, count = module.graph, 0
     for node in list(graph.nodes):
-        if node.target != aten.slice.Tensor:
-            continue
-        source, dim, start, end, step = (list(node.args) + [0, None, None, 1][len(node.args) - 1:])
-        value = node.meta.get("val")  # the slice's own; convert_pt2e's Q/DQ nodes have none
-        rank = value.dim() if value is not None else 0
-        if rank < 2 or dim % rank != rank - 2 or step != 1:
-            continue
-        if start == -1 and end in (None, sys.maxsize):
-            replacement = (ops.last, (source,))
-        elif (start in (0, None) and end == -1 and source.target == aten.cat.default
-              and len(source.args[0]) == 2 and len(source.args) > 1
-              and source.args[1] % rank == rank - 2):
-            prev, stream = source.args[0]
-            replacement = (ops.previous, (stream, prev))
+        shift, stream = shift_operands(node), last_position_of(node)
+        if shift is not None:
+            replacement = (ops.previous, shift)
+        elif stream is not None:
+            replacement = (ops.last, (stream,))
         else:
             continue
         with graph.inserting_before(node):

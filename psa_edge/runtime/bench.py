@@ -31,6 +31,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,29 +63,6 @@ def machine() -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(),
             "os": platform.platform(), "python": platform.python_version()}
-
-
-def cpu_times() -> tuple[int, int] | None:
-    """(steal, total) jiffies of all CPUs since boot, from Linux /proc/stat; None elsewhere."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    # user nice system idle iowait irq softirq steal; guest time is already inside user/nice
-    return (fields[7], sum(fields[:8])) if len(fields) >= 8 else None
-
-
-def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    """Fraction of CPU time a hypervisor took from this machine between two `cpu_times()`."""
-    if before is None or after is None or after[1] == before[1]:
-        return None
-    return (after[0] - before[0]) / (after[1] - before[1])
-
-
-def steal_sentence(share: float | None) -> str:
-    if share is None:
-        return "CPU steal not measurable here"
-    return f"the hypervisor took {share:.1%} of the CPU time during the run (steal, /proc/stat)"
 
 
 def rss_bytes() -> int:
@@ -314,8 +292,6 @@ def executorch_runner_stats(artifact: Path, manifest: dict, spec: BenchSpec) -> 
 def native_output_silenced():
     """Native code writes to file descriptors 1 and 2 directly (so `--json` on stdout would be
     broken): point both at /dev/null meanwhile."""
-    import sys
-
     sys.stdout.flush()
     saved = [os.dup(fd) for fd in (1, 2)]
     devnull = os.open(os.devnull, os.O_WRONLY)

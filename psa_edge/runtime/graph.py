@@ -150,13 +150,17 @@ class OnnxGraph(Graph):
                                                 providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - ORT raises its own classes for bad files
             raise ArtifactError(f"ONNX Runtime cannot load {artifact}: {str(exc)[:160]}")
-        self.io_binding = self.reuses_state_buffers = io_binding
+        self.io_binding = io_binding
         # With IO binding: two max-length buffers per state output, used in turn (a call's
         # inputs may be views into one of them, so its outputs go to the other).
         spec = self.spec
         self.buffers = [{key: np.empty(int(np.prod(spec.shape(key.split(".")[1],
                                                                spec.max_seq_len))), np.float32)
                          for key, _, _ in spec.state_io} for _ in range(2 if io_binding else 0)]
+
+    @property
+    def reuses_state_buffers(self) -> bool:
+        return self.io_binding
 
     def run(self, feeds):
         outputs = self.session.run(list(self.spec.output_names), feeds)
