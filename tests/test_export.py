@@ -146,6 +146,15 @@ def test_onnx_checker_full_and_empty_past(artifacts):
     names = [i.name for i in onnx.load(str(artifacts["onnx"])).graph.input]
     assert names[:5] == ["input_ids", "past_key_values.0.key", "past_key_values.0.value",
                          "past_key_values.0.prev_key", "past_key_values.0.prev_query"]
+    # The slots are read from the raw outputs; the twin's I/O is a plain Llama decoder's.
+    cache_out = ["logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"]
+    outputs = {name: [o.name for o in onnx.load(str(artifacts[name])).graph.output]
+               for name in ("onnx", "onnx-twin")}
+    assert outputs["onnx"] == cache_out + ["present.raw_key", "present.raw_query"]
+    assert outputs["onnx-twin"] == cache_out
+    assert [i.name for i in onnx.load(str(artifacts["onnx-twin"])).graph.input] == [
+        "input_ids", "past_key_values.0.key", "past_key_values.0.value",
+        "past_key_values.1.key", "past_key_values.1.value"]
 
 
 def edge_shears(checkpoint, variant, target):

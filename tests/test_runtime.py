@@ -320,6 +320,19 @@ def test_bad_input_leaves_the_session_usable(artifacts, small_vocab):
     assert np.array_equal(session.feed([5, 6]), fresh.feed([5, 6]))
 
 
+def test_artifact_of_an_older_graph_io_is_refused(artifacts):
+    """An artifact whose manifest lists per-layer raw outputs (the I/O before the layers were
+    stacked into `present.raw_key`) gets one line naming the missing output."""
+    from psa_edge.runtime.graph import GraphSpec, read_manifest
+
+    manifest = read_manifest(artifacts["onnx"])
+    io = manifest["io"]
+    io["outputs"] = [name for name in io["outputs"] if not name.startswith("present.raw_")] + [
+        f"present.{i}.{f}" for i in range(2) for f in ("raw_key", "raw_query")]
+    with pytest.raises(ArtifactError, match="no output 'present.raw_key'.*export the artifact"):
+        GraphSpec.from_manifest(manifest)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--prompt-ids", "1,2,99"], "outside the vocabulary"),
     (["--prompt", "AB", "-n", "47"], "max length"),

@@ -55,6 +55,20 @@ def checkpoint(preset: str) -> Path:
     return path
 
 
+def up_to_date(manifest_file: Path, checkpoint_sha256: str) -> bool:
+    """Whether an artifact exists that was exported from this checkpoint with the graph I/O the
+    exporter writes today (an explicit-state graph of older I/O is exported again)."""
+    from psa_edge.export.graphs import output_names
+    from psa_edge.model.config import ModelConfig
+
+    if not manifest_file.exists():
+        return False
+    manifest = json.loads(manifest_file.read_text())
+    same_io = (manifest["form"] == "runner" or manifest["io"]["outputs"]
+               == output_names(ModelConfig.from_dict(manifest["config"])))
+    return same_io and manifest["source_checkpoint"]["sha256"] == checkpoint_sha256
+
+
 def artifact(ckpt: Path, target: str, quant: str | None, twin: bool, form: str = "explicit-state"
              ) -> Path:
     from psa_edge.export.pipeline import ExportRequest, run_export
@@ -64,9 +78,7 @@ def artifact(ckpt: Path, target: str, quant: str | None, twin: bool, form: str =
     name = ".".join([ckpt.stem, target, quant or "fp32"] + (["runner"] if form == "runner"
                                                             else []) + (["twin"] if twin else []))
     path = OUT / (name + (".onnx" if target == "onnx" else ".pte"))
-    manifest = Path(f"{path}.json")
-    if manifest.exists() and json.loads(manifest.read_text())["source_checkpoint"]["sha256"] \
-            == sha256_file(ckpt):
+    if up_to_date(Path(f"{path}.json"), sha256_file(ckpt)):
         return path
     started = time.time()
     run_export(ExportRequest(ckpt, target, path, MAX_LEN, twin, form,
@@ -281,7 +293,7 @@ def write(rows, runner_reports, reports, peak, control, args, run) -> None:
                + "\n".join(over))
     doc = f"""# Benchmarks: PSA against its gamma = 0 twin
 
-Made by `python tools/bench_presets.py --threads {args.threads} -p {args.p} -n {args.n} -r {args.r}`
+Made by `python tools/bench_presets.py --threads {args.threads} -p {args.p} -n {args.n} -r {args.r} --rounds {args.rounds}`
 in {wall / 60:.0f} min on {m['cpu']} ({m['cores']} cores, {m['arch']}, {m['os']}), Python
 {m['python']}, {platform.python_implementation()}; nothing else ran on the machine
 ({steal_sentence(steal)}). Models:
@@ -326,14 +338,17 @@ Stats: ms timestamps; it counts generated tokens without the first):
 - The shear's arithmetic is 3 d FLOPs per sheared stream and layer, at most {shear_share:.1e}
   of a decoded token's FLOPs here (`flops_per_token`): any measurable overhead is per-op and
   per-tensor overhead of the runtime, not arithmetic.
+- Graph I/O: the PSA graph takes one previous-key slot per layer and returns the chunk's raw
+  keys as one output, the layers stacked (their last row is the next slot); the twin has
+  neither, its I/O is a plain Llama decoder's. Each extra input or output costs the runtime per
+  call, not per FLOP.
 - ExecuTorch programs carry a `decode` method (S = 1) beside `forward`. There the shear's
-  shift and slot need no op, in fp32 and in int8 (the slot is the previous key, the new raw key
-  is the next slot; the int8 methods are re-traced from the quantized graph with the shift
-  reattached as `ops.previous` / `ops.last`), XNNPACK takes the Sub/Mul/Add, and the PSA
-  program runs the same instructions outside XNNPACK as its twin (tested). In the
-  dynamic-shape `forward` method (prefill, speculative verify) the shift and slot slices stay
-  outside XNNPACK and split its partitions. XNNPACK delegate calls per call, from the
-  manifests' delegation reports (PSA / twin):
+  shift needs no op, in fp32 and in int8 (the slot is the previous key; the int8 methods are
+  re-traced from the quantized graph with the shift reattached as `ops.previous`), XNNPACK
+  takes the Sub/Mul/Add, and the PSA program runs the same instructions outside XNNPACK as its
+  twin (tested). In the dynamic-shape `forward` method (prefill, speculative verify) the
+  shift's slices stay outside XNNPACK and split its partitions. XNNPACK delegate calls per
+  call, from the manifests' delegation reports (PSA / twin):
 {delegate_calls}
 - Where the remaining per-token difference arises, by layer of the decode step (backend call,
   psa-edge's wrapper, the session) and by ONNX operator type, and whether a decode-only ONNX

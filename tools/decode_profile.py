@@ -11,12 +11,14 @@ one decode step are timed:
 - graph.step: psa-edge's numpy wrapper around it (feeds in, outputs to numpy dicts);
 - Session.feed: the whole runtime step (input checks, rollback bookkeeping).
 PSA and twin alternate in blocks (A B / B A); medians over all calls. ONNX Runtime's own
-profiler splits the ONNX backend call by operator type (kernel time per call). Last, psa-4m's
-ONNX graphs are exported again with the chunk length fixed at 1 (the shear's shift and slot then
-need no Concat/Slice) and timed against the shipped dynamic-length graphs. Finally each piece
-PSA adds per layer (the shear's Sub/Mul/Add, the shift and slot, the slot's graph inputs and
-outputs) is timed alone in ONNX Runtime, and the sum over the layers is set against the
-measured overhead.
+profiler splits the ONNX backend call by operator type (kernel time per call). Then psa-4m's
+ONNX graphs are exported again with the chunk length fixed at 1 (the shear's shift then needs
+no Concat/Slice), and with the graph outputs shipped before 2026-12-03 (a slot output per layer
+in PSA, raw-key outputs in the twin), and timed against the shipped dynamic-length graphs.
+Finally each piece PSA adds per layer (the shear's Sub/Mul/Add, the shift, the slot input and
+raw-key output) is timed alone in ONNX Runtime, and the sum over the layers is set against the
+measured overhead. The int8 XNNPACK program without `quantize.reattach_shifts` is timed against
+the shipped one.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def layer_calls(path: Path, context: np.ndarray) -> tuple[dict, dict]:
     snapshot = session.snapshot()
     graph, spec = session.graph, session.spec
     feeds = {"input_ids": TOKEN.reshape(1, 1)}
-    feeds.update((name_in, session.state[key]) for key, name_in, _ in spec.state_io)
+    feeds.update((name_in, session.state[key]) for key, name_in in spec.state_io)
     if isinstance(graph, OnnxGraph):
         names = list(spec.output_names)
         backend = lambda: graph.session.run(names, feeds)  # noqa: E731
@@ -156,44 +158,81 @@ def decode_only_onnx(ckpt: Path, twin: bool) -> Path:
     return path
 
 
-UNITS = ("shear: Sub, Mul, Add (SPEC §2)", "shift and slot: Concat, 2 Slices",
-         "state I/O: slot in, slot and raw key out (+ an Add, an Identity)")
+def legacy_io_onnx(ckpt: Path, twin: bool) -> Path:
+    """psa-4m's ONNX graph with the outputs psa-edge shipped before 2026-12-03: PSA returned
+    each slot (`present.{i}.prev_key`) and a raw-key output per layer (`present.{i}.raw_key`),
+    the twin those raw keys too, which it never needs. Same inputs, same arithmetic (not a
+    shipped artifact)."""
+    import torch
+
+    from psa_edge.export.graphs import (CACHE_FIELDS, ExplicitStateGraph, dynamic_shapes,
+                                        example_inputs, input_names)
+    from psa_edge.export.onnx_target import quiet, serialize_onnx
+    from psa_edge.model.checkpoint import load_checkpoint
+    from psa_edge.model.transformer import twin_of
+
+    class LegacyIO(ExplicitStateGraph):
+        def forward(self, input_ids, *past):
+            n = len(self.fields)
+            state = [dict(zip(self.fields, past[i:i + n])) for i in range(0, len(past), n)]
+            logits, new_state, raws = self.model.forward_with_state(input_ids, state)
+            return (logits, *[layer[f] for layer in new_state for f in self.fields],
+                    *[layer["key"] for layer in raws])
+
+    path = OUT / f"{ckpt.stem}.onnx.fp32.legacy-io{'.twin' if twin else ''}.onnx"
+    if not path.exists():
+        model, _ = load_checkpoint(ckpt)
+        model = (twin_of(model) if twin else model).eval()
+        cfg, layers = model.cfg, range(model.cfg.num_hidden_layers)
+        fields = list(CACHE_FIELDS) + ([] if twin else ["prev_key"])
+        names = (["logits"] + [f"present.{i}.{f}" for i in layers for f in fields]
+                 + [f"present.{i}.raw_key" for i in layers])
+        with quiet(), torch.no_grad():
+            program = torch.onnx.export(
+                LegacyIO(model).eval(), example_inputs(cfg, 3, 4),
+                dynamic_shapes=dynamic_shapes(cfg, MAX_LEN), input_names=input_names(cfg),
+                output_names=names, dynamo=True, optimize=True, verbose=False)
+        write_bytes(path, serialize_onnx(program.model_proto))
+    return path
+
+
+UNITS = ("shear: Sub, Mul, Add (SPEC §2)", "shift: Concat, Slice",
+         "slot input, a layer's part of the stacked raw output (an Add, a Concat input)")
 
 
 def unit_graph(unit: str, copies: int):
     """An ONNX graph of `copies` of one of the per-layer pieces PSA adds to the twin's decode
     graph, on a `[1, Hkv, 1, dh]` stream: the shear's three elementwise ops (chained, as
-    layers are), the dynamic graph's shift and slot, or the slot's graph inputs/outputs."""
+    layers are), the dynamic graph's shift, or the slot input and its part of the one stacked
+    raw-key output (whose fixed per-call cost is not in the slope)."""
     from onnx import TensorProto, helper
 
     def tensor(name, dims=None):
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
 
     nodes, inputs, outputs = [], [tensor("x"), tensor("prev")], []
-    stream, slot = "x", "prev"
+    stream = "x"
     for i in range(copies):
         if unit == UNITS[0]:
             nodes += [helper.make_node("Sub", [stream, "prev"], [f"d{i}"]),
                       helper.make_node("Mul", [f"d{i}", "gamma"], [f"m{i}"]),
                       helper.make_node("Add", [f"m{i}", stream], [f"s{i}"])]
             stream = f"s{i}"
-        elif unit == UNITS[1]:  # the next copy's Concat takes this one's slot: nothing dies
-            nodes += [helper.make_node("Concat", [slot, stream], [f"c{i}"], axis=2),
-                      helper.make_node("Slice", [f"c{i}", "zero", "minus1", "two"], [f"p{i}"]),
-                      helper.make_node("Slice", [stream, "minus1", "end", "two"], [f"l{i}"])]
-            stream, slot = f"p{i}", f"l{i}"
-        else:  # graph outputs need producers: an Add for the slot, an Identity for the raw key
+        elif unit == UNITS[1]:
+            nodes += [helper.make_node("Concat", ["prev", stream], [f"c{i}"], axis=2),
+                      helper.make_node("Slice", [f"c{i}", "zero", "minus1", "two"], [f"p{i}"])]
+            stream = f"p{i}"
+        else:  # an input needs a consumer, the raw output producers: an Add per copy
             inputs.append(tensor(f"slot{i}"))
-            outputs += [tensor(f"slot_out{i}"), tensor(f"raw{i}")]
-            nodes += [helper.make_node("Identity", [stream], [f"raw{i}"]),
-                      helper.make_node("Add", [f"slot{i}", stream], [f"slot_out{i}"])]
-    if unit == UNITS[1]:
-        nodes.append(helper.make_node("Add", [stream, slot], ["joined"]))
-        stream = "joined"
+            nodes.append(helper.make_node("Add", [f"slot{i}", stream], [f"raw{i}"]))
+    if unit == UNITS[2] and copies:
+        nodes.append(helper.make_node("Concat", [f"raw{i}" for i in range(copies)], ["raw"],
+                                      axis=0))
+        outputs.append(tensor("raw"))
     nodes.append(helper.make_node("Identity", [stream], ["y"]))
     constants = [helper.make_tensor("gamma", TensorProto.FLOAT, [], [0.8])] + [
         helper.make_tensor(name, TensorProto.INT64, [1], [value])
-        for name, value in (("zero", 0), ("minus1", -1), ("two", 2), ("end", 2 ** 62))]
+        for name, value in (("zero", 0), ("minus1", -1), ("two", 2))]
     graph = helper.make_graph(nodes, unit, inputs, outputs + [tensor("y")], constants)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
@@ -389,7 +428,8 @@ def reattach_table(rounds: list[dict]) -> str:
 
 
 def decode_only_experiment(args) -> dict:
-    """Backend-call medians of psa-4m's shipped (dynamic) and decode-only ONNX graphs."""
+    """Backend-call medians of psa-4m's shipped (dynamic), decode-only and legacy-I/O ONNX
+    graphs."""
     import onnxruntime as ort
 
     ckpt = checkpoint("psa-4m")
@@ -398,6 +438,8 @@ def decode_only_experiment(args) -> dict:
     feeds = {who: layer_calls(path, context)[1] for who, path in shipped.items()}
     paths = {("dynamic", who): path for who, path in shipped.items()}
     paths.update({("decode-only", who): decode_only_onnx(ckpt, who == "twin")
+                  for who in ("psa", "twin")})
+    paths.update({("legacy I/O", who): legacy_io_onnx(ckpt, who == "twin")
                   for who in ("psa", "twin")})
     # A/A control: the twin against a byte-identical copy, the resolution of this procedure.
     paths[("copy", "twin")] = OUT / "aa-copy.onnx"
@@ -446,12 +488,23 @@ def reading(rows, profiles, nodes, decode_rounds, floors) -> str:
                  f"{dynamic[0]:.3f} for the shipped dynamic graph in the same rounds; A/A "
                  f"control of the backend call (the twin against a copy of its file, same "
                  f"rounds): {control[0]:.3f} [{control[1]:.3f}, {control[2]:.3f}].")
+    legacy = ratio_range(decode_rounds, ("legacy I/O", "psa"), ("legacy I/O", "twin"))
+    median = lambda key: statistics.median(r[key] for r in decode_rounds) * 1e6  # noqa: E731
+    lines.append(f"- Legacy I/O (psa-4m fp32): the twin's unneeded raw-key outputs cost "
+                 f"{median(('legacy I/O', 'twin')) - median(('dynamic', 'twin')):+.1f} µs per "
+                 f"call and PSA's slot and per-layer raw outputs "
+                 f"{median(('legacy I/O', 'psa')) - median(('dynamic', 'psa')):+.1f} µs; with "
+                 f"them the PSA / twin ratio reads {legacy[0]:.3f} [{legacy[1]:.3f}, "
+                 f"{legacy[2]:.3f}] against {dynamic[0]:.3f} for the shipped pair." + (
+                     " The legacy twin paid for outputs a plain Llama decoder does not have, "
+                     "which flattered PSA's ratio." if legacy[0] < dynamic[0] else ""))
     for preset, f in floors.items():
         pieces = f["layers"] * sum(f["units"].values()) * 1e6
+        rest = ("the graphs differ by those nodes only (benchmarks.md lists them), so the rest "
+                "is how they run inside the model (caches, memory plan) or noise (A/A)"
+                if pieces < f["measured_us"] else "they account for all of it")
         lines.append(f"- {preset} ONNX fp32: the pieces PSA adds cost {pieces:.1f} µs per token "
-                     f"in isolation, of the {f['measured_us']:+.1f} µs measured; the graphs "
-                     f"differ by those nodes only (benchmarks.md lists them), so the rest is "
-                     f"how they run inside the model (caches, memory plan) or noise (A/A).")
+                     f"in isolation, of the {f['measured_us']:+.1f} µs measured; {rest}.")
     return "\n".join(lines) + "\n"
 
 
@@ -460,7 +513,7 @@ def write(rows, profiles, nodes, decode_only, floors, reattach, args, run) -> No
     rounds, graph_nodes = decode_only["rounds"], decode_only["nodes"]
     decode_lines = ["| psa-4m ONNX fp32 graph | nodes PSA / twin | backend call PSA ms | "
                     "twin ms | ratio [range over rounds] |", "|---|---|---|---|---|"]
-    for kind in ("dynamic", "decode-only"):
+    for kind in ("dynamic", "decode-only", "legacy I/O"):
         a = statistics.median(r[(kind, "psa")] for r in rounds)
         b = statistics.median(r[(kind, "twin")] for r in rounds)
         ratios = [r[(kind, "psa")] / r[(kind, "twin")] for r in rounds]
@@ -491,12 +544,16 @@ profiler on (PSA and twin alternating in blocks of 25; the profiler adds its own
 so totals are above the medians above):
 {profile_table(profiles)}
 
-## A decode-only ONNX graph
+## Other forms of the ONNX graph
 
-The shipped ONNX graph has a dynamic chunk length, so the shear's shift and slot are a Concat and
-two Slices per layer beside its Sub/Mul/Add. Exported again with the chunk length fixed at 1
-(what ExecuTorch's `decode` method is), the PSA graph needs only the Sub/Mul/Add. Backend call
-at the same context, measured like the table above:
+The shipped ONNX graph has a dynamic chunk length, so the shear's shift is a Concat and a Slice
+per layer beside its Sub/Mul/Add. Exported again with the chunk length fixed at 1 (what
+ExecuTorch's `decode` method is; "decode-only"), the PSA graph needs only the Sub/Mul/Add.
+"legacy I/O" is the graph pair with the outputs psa-edge shipped until 2026-12-03: PSA
+returned each slot (`present.{{i}}.prev_key`, now read from the last row of the raw keys) and
+one raw-key output per layer (`present.{{i}}.raw_key`, now one output, `present.raw_key`, with
+the layers stacked), and the twin returned raw keys it never needs (now gone: the twin's I/O is
+a plain Llama decoder's). Backend call at the same context, measured like the table above:
 
 {chr(10).join(decode_lines)}
 """
@@ -506,7 +563,8 @@ at the same context, measured like the table above:
 Each piece PSA adds per layer to the twin's decode graph, timed alone on the slot's shape
 `[1, Hkv, 1, dh]`: a graph with 24 copies against one with none, interleaved, so the call's
 fixed cost cancels. The sum over the layers, added to the twin's measured backend call, is the
-overhead these pieces explain; the last columns compare it with what was measured.
+overhead these pieces explain (without the one stacked raw-key output per call, a fixed cost
+the slope leaves out); the last columns compare it with what was measured.
 
 {floor_table(floors)}
 """
@@ -514,9 +572,9 @@ overhead these pieces explain; the last columns compare it with what was measure
 ## XNNPACK int8: the shift reattached before re-tracing `decode`
 
 An int8 program's methods are re-traced from one quantized graph, in which the shear's shift
-and slot had become plain cat/slice ops; re-traced at S = 1 they stayed, as static ops inside
-XNNPACK. `quantize.reattach_shifts` turns them back into `ops.previous` / `ops.last` first, so
-`decode` needs no op for them, as in fp32. The same psa-4m program exported without that step,
+had become plain cat/slice ops; re-traced at S = 1 they stayed, as static ops inside XNNPACK.
+`quantize.reattach_shifts` turns them back into `ops.previous` first, so `decode` needs no op
+for them, as in fp32. The same psa-4m program exported without that step,
 against the shipped one and the twin (backend call, measured like the first table):
 
 {reattach_table(reattach)}

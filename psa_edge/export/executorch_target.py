@@ -28,9 +28,10 @@ WHY_OUTSIDE = {
                          "(XNNPACK has no gather)",
     "aten_mean_dim": "RMSNorm's mean over the hidden dim: XNNPACK's mean.dim takes 4-D inputs "
                      "only (global average pooling)",
-    "aten_slice_copy": "sequence shift of the shear, RoPE halves, last-position slots: XNNPACK "
+    "aten_slice_copy": "sequence shift of the shear, RoPE halves: XNNPACK "
                        "refuses slices of tensors with a dynamic dim",
-    "aten_cat": "concatenation onto a dynamic-length cache",
+    "aten_cat": "concatenation along a dynamic dim (onto the caches; the raw keys of the "
+                "layers stacked)",
     "aten_arange": "positions and the causal mask, built once per call",
     "aten_le": "causal mask, once per call",
     "aten_bitwise_not": "causal mask, once per call",

@@ -6,13 +6,18 @@ the same arithmetic (the shear is `ops.shear`: Sub, Mul, Add after the RoPE ops)
 - `ExplicitStateGraph`: `(input_ids [1, S], *past) -> (logits [1, S, V], *present, *raw)`. The
   start position is the past length P (dim 2 of the past key), as in Hugging Face optimum
   decoders without `position_ids`. ExecuTorch programs carry it twice, sharing the weights:
-  method `forward` (S dynamic) and method `decode` (S = 1, where the shear's shift and the slot
-  need no op, in fp32 and in int8). Names follow optimum / onnxruntime-genai:
+  method `forward` (S dynamic) and method `decode` (S = 1, where the shear's shift needs no op,
+  in fp32 and in int8). Names follow optimum / onnxruntime-genai:
       past_key_values.{i}.key / .value / .prev_key / .prev_query  (inputs, in that order)
-      present.{i}.key / .value / .prev_key / .prev_query           (outputs, same order)
-      present.{i}.raw_key / .raw_query                              (outputs, after present)
-  `prev_key` exists iff gamma_k != 0 and `prev_query` iff gamma_q != 0, so the gamma = 0 twin has
-  exactly a Llama decoder's I/O and the same cache tensors.
+      present.{i}.key / .value                                     (outputs)
+      present.raw_key / present.raw_query                          (outputs, after present)
+  `prev_key` and `raw_key` exist iff gamma_k != 0, `prev_query` and `raw_query` iff
+  gamma_q != 0, so the gamma = 0 twin has exactly a Llama decoder's I/O and the same cache
+  tensors. `raw_key` `[layers, Hkv, S, dh]` holds the raw post-RoPE keys of the chunk, the
+  layers stacked on dim 0; `raw_key[i:i+1, :, -1:]` is layer i's next previous-key slot. There
+  is no slot output, and one raw output rather than one per layer: each graph output costs ONNX
+  Runtime a few microseconds per call, as much as the shear's arithmetic
+  (docs/decode-profile.md).
 - `RunnerGraph`: `forward(tokens [1, S], input_pos [1]) -> logits [1, S, V]` with a static
   max-length cache and the previous-key/query slots as mutable buffers, the form ExecuTorch's
   LLM runner drives.
@@ -26,10 +31,12 @@ from torch import Tensor, nn
 from psa_edge.model.config import ModelConfig
 from psa_edge.model.ops import causal_bias, rope_cos_sin
 from psa_edge.model.transformer import PSATransformer
+from psa_edge.runtime.graph import CACHE_FIELDS, RAW_OF_SLOT
+
 
 def state_fields(cfg: ModelConfig) -> list[str]:
     """The per-layer state tensors this config carries, in I/O order."""
-    fields = ["key", "value"]
+    fields = list(CACHE_FIELDS)
     if cfg.gamma_k != 0:
         fields.append("prev_key")
     if cfg.gamma_q != 0:
@@ -38,7 +45,9 @@ def state_fields(cfg: ModelConfig) -> list[str]:
 
 
 def raw_fields(cfg: ModelConfig) -> list[str]:
-    return ["raw_key"] + (["raw_query"] if cfg.gamma_q != 0 else [])
+    """The raw streams a graph returns, one output each with the layers stacked: one per
+    sheared stream, whose last row is that stream's next slot."""
+    return [raw for slot, raw in RAW_OF_SLOT.items() if slot in state_fields(cfg)]
 
 
 def input_names(cfg: ModelConfig) -> list[str]:
@@ -48,13 +57,13 @@ def input_names(cfg: ModelConfig) -> list[str]:
 
 def output_names(cfg: ModelConfig) -> list[str]:
     layers = range(cfg.num_hidden_layers)
-    return (["logits"] + [f"present.{i}.{f}" for i in layers for f in state_fields(cfg)]
-            + [f"present.{i}.{f}" for i in layers for f in raw_fields(cfg)])
+    return (["logits"] + [f"present.{i}.{f}" for i in layers for f in CACHE_FIELDS]
+            + [f"present.{f}" for f in raw_fields(cfg)])
 
 
 def state_shape(cfg: ModelConfig, field: str, past_len: int) -> tuple[int, int, int, int]:
     heads = cfg.num_attention_heads if field == "prev_query" else cfg.num_key_value_heads
-    length = past_len if field in ("key", "value") else 1
+    length = past_len if field in CACHE_FIELDS else 1
     return (1, heads, length, cfg.head_dim)
 
 
@@ -69,8 +78,8 @@ class ExplicitStateGraph(nn.Module):
         n = len(self.fields)
         state = [dict(zip(self.fields, past[i:i + n])) for i in range(0, len(past), n)]
         logits, new_state, raws = self.model.forward_with_state(input_ids, state)
-        present = [layer[f] for layer in new_state for f in self.fields]
-        raw = [layer[f.removeprefix("raw_")] for layer in raws for f in self.raw]
+        present = [layer[f] for layer in new_state for f in CACHE_FIELDS]
+        raw = [torch.cat([layer[f.removeprefix("raw_")] for layer in raws]) for f in self.raw]
         return (logits, *present, *raw)
 
 
@@ -88,7 +97,7 @@ def dynamic_shapes(cfg: ModelConfig, max_seq_len: int, decode: bool = False):
 
     seq = None if decode else {1: Dim("seq_len", min=1, max=max_seq_len)}
     past = Dim("past_len", min=0, max=max_seq_len - 1)
-    state = tuple({2: past} if f in ("key", "value") else None
+    state = tuple({2: past} if f in CACHE_FIELDS else None
                   for _ in range(cfg.num_hidden_layers) for f in state_fields(cfg))
     return (seq, state)  # the structure of forward(input_ids, *past)
 

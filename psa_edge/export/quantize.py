@@ -15,8 +15,8 @@ Contract:
   scoped to `aten.linear` by `set_operator_type` (executorch 1.4.1's `set_filter_function` is
   not honoured by its `cat` annotator, which then quantizes the KV-cache concatenation), plus
   `ShearQuantizer` for the shear. Every method is re-traced from the one converted module,
-  whose shear shift and slot are first reattached as `ops.previous` / `ops.last`
-  (`reattach_shifts`), so the S = 1 `decode` method needs no op for them, as in fp32.
+  whose shear shifts are first reattached as `ops.previous` (`reattach_shifts`), so the S = 1
+  `decode` method needs no op for them, as in fp32.
   ONNX: ONNX Runtime's `quant_pre_process`, then QDQ `quantize_static` with a calibration
   reader, or `quantize_dynamic`.
 - `summary` of each returns the manifest's `quantization` record: scheme, calibration set,
@@ -26,7 +26,6 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,15 +133,6 @@ def shift_operands(node) -> tuple | None:
     return stream, prev
 
 
-def last_position_of(node):
-    """The stream when `node` is the general form of `ops.last(stream)`, `stream[..., -1:, :]`;
-    else None."""
-    sliced = sequence_slice(node)
-    if sliced is None or sliced[1] != -1 or sliced[2] not in (None, sys.maxsize):
-        return None
-    return sliced[0]
-
-
 def shear_chains(graph: torch.fx.Graph) -> list[tuple]:
     """(sub, mul, add) of every shear `x + gamma (x - prev(x))` in an aten-level FX graph: a Sub
     of a stream and its one-step shift (`shift_operands`), its Mul, and the Add of that Mul back
@@ -210,24 +200,20 @@ def quantize_pt2e(program: torch.export.ExportedProgram, spec: QuantSpec,
 
 
 def reattach_shifts(module: torch.fx.GraphModule) -> int:
-    """Turn the shear's shift `cat([prev, x], -2)[..., :-1, :]` and slot `x[..., -1:, :]` of a
-    converted (dynamic-length) module back into calls of `ops.previous` / `ops.last`, in place.
-    Traced with a dynamic length they emit the same cat/slice again; re-traced with a static
-    length of 1 (ExecuTorch's `decode` method) they emit nothing, as in the float export,
-    instead of a concat and two slices per sheared stream. Returns how many were reattached."""
+    """Turn the shear's shift `cat([prev, x], -2)[..., :-1, :]` of a converted (dynamic-length)
+    module back into calls of `ops.previous`, in place. Traced with a dynamic length it emits
+    the same cat/slice again; re-traced with a static length of 1 (ExecuTorch's `decode` method)
+    it emits nothing, as in the float export, instead of a concat and a slice per sheared
+    stream. Returns how many were reattached."""
     from psa_edge.model import ops
 
     graph, count = module.graph, 0
     for node in list(graph.nodes):
-        shift, stream = shift_operands(node), last_position_of(node)
-        if shift is not None:
-            replacement = (ops.previous, shift)
-        elif stream is not None:
-            replacement = (ops.last, (stream,))
-        else:
+        shift = shift_operands(node)
+        if shift is None:
             continue
         with graph.inserting_before(node):
-            call = graph.call_function(*replacement)
+            call = graph.call_function(ops.previous, shift)
         call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         graph.erase_node(node)

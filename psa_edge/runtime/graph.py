@@ -4,7 +4,9 @@ Contract: `open_graph(artifact)` reads the artifact's manifest and returns a `Gr
 `graph.step(tokens, state)` runs one chunk `tokens [S]` on `state` (a dict "layer.field" ->
 array, SPEC §3) and returns the chunk's logits `[S, V]` (an array the caller owns), the new
 state and the chunk's raw post-RoPE keys/queries ("layer.raw_key" ...), which a session needs to
-roll the previous-key slot back to any position of the chunk. It never changes its inputs.
+roll the previous-key slot back to any position of the chunk. A graph returns each raw stream as
+one output with the layers stacked on dim 0 (`present.raw_key`); the new slots are the last rows
+(there is no separate slot output). It never changes its inputs.
 Backends:
 - `onnx`: ONNX Runtime (`.onnx`). With `io_binding=True` the new caches are written in place
   into two buffers per state tensor preallocated to the artifact's max length (the graph's own
@@ -31,6 +33,9 @@ from psa_edge.errors import ArtifactError
 from psa_edge.io import manifest_path, sha256_file
 
 State = dict[str, np.ndarray]
+CACHE_FIELDS = ("key", "value")
+# Each slot and the graph output it is read from: the last row of the chunk's raw stream.
+RAW_OF_SLOT = {"prev_key": "raw_key", "prev_query": "raw_query"}
 
 
 @dataclass(frozen=True)
@@ -51,29 +56,46 @@ class GraphSpec:
     @classmethod
     def from_manifest(cls, manifest: dict) -> "GraphSpec":
         cfg, io = manifest["config"], manifest["io"]
-        return cls(num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
+        spec = cls(num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
                    num_kv_heads=cfg["num_key_value_heads"],
                    head_dim=cfg["hidden_size"] // cfg["num_attention_heads"],
                    vocab_size=cfg["vocab_size"], max_seq_len=manifest["max_seq_len"],
                    state_fields=tuple(io["state_fields"]), raw_fields=tuple(io["raw_fields"]),
                    input_names=tuple(io["inputs"]), output_names=tuple(io["outputs"]))
+        missing = [name for _, name in spec.raw_io if name not in spec.output_names]
+        if missing:
+            raise ArtifactError(f"the graph has no output {missing[0]!r} (per-layer raw outputs "
+                                f"of an older psa-edge); export the artifact again")
+        return spec
 
     @cached_property
-    def state_io(self) -> tuple[tuple[str, str, str], ...]:
-        """(state key, graph input name, graph output name) per layer and state field."""
-        return tuple((f"{i}.{f}", f"past_key_values.{i}.{f}", f"present.{i}.{f}")
+    def state_io(self) -> tuple[tuple[str, str], ...]:
+        """(state key, graph input name) per layer and state field, in input order."""
+        return tuple((f"{i}.{f}", f"past_key_values.{i}.{f}")
                      for i in range(self.num_layers) for f in self.state_fields)
+
+    @cached_property
+    def cache_io(self) -> tuple[tuple[str, str, str], ...]:
+        """(state key, graph input name, graph output name) of the KV caches."""
+        return tuple((key, name_in, name_in.replace("past_key_values", "present"))
+                     for key, name_in in self.state_io if key.split(".")[1] in CACHE_FIELDS)
+
+    @cached_property
+    def slot_io(self) -> tuple[tuple[str, str], ...]:
+        """(slot state key, the raw stream whose last row is its next value), per layer."""
+        return tuple((key, f"{key.split('.')[0]}.{RAW_OF_SLOT[key.split('.')[1]]}")
+                     for key, _ in self.state_io if key.split(".")[1] in RAW_OF_SLOT)
 
     @cached_property
     def slot_keys(self) -> tuple[str, ...]:
         """State keys of the previous-key (and previous-query) slots."""
-        return tuple(key for key, _, _ in self.state_io
-                     if key.split(".")[1] in ("prev_key", "prev_query"))
+        return tuple(key for key, _ in self.slot_io)
 
     @cached_property
     def raw_io(self) -> tuple[tuple[str, str], ...]:
-        return tuple((f"{i}.{f}", f"present.{i}.{f}")
-                     for i in range(self.num_layers) for f in self.raw_fields)
+        """(raw field, graph output name): one output per sheared stream, the layers stacked
+        on dim 0."""
+        return tuple((f, f"present.{f}") for f in self.raw_fields)
 
     def shape(self, field: str, length: int) -> tuple[int, int, int, int]:
         """Shape of a state tensor after `length` positions (caches grow, slots do not)."""
@@ -83,7 +105,7 @@ class GraphSpec:
     def empty_state(self) -> State:
         """The P = 0 state: empty caches, zero slots (the causal zero initial state)."""
         return {key: np.zeros(self.shape(key.split(".")[1], 0), np.float32)
-                for key, _, _ in self.state_io}
+                for key, _ in self.state_io}
 
 
 def same_architecture(a: dict, b: dict) -> bool:
@@ -110,6 +132,11 @@ def read_manifest(artifact: str | Path, check_hash: bool = True) -> dict:
     return manifest
 
 
+def last_row(stream: np.ndarray) -> np.ndarray:
+    """Position -1 of a `[1, H, S, d]` stream, `[1, H, 1, d]` (no copy when S = 1)."""
+    return stream if stream.shape[2] == 1 else np.ascontiguousarray(stream[:, :, -1:])
+
+
 class Graph:
     backend = ""
     # Whether a step's state outputs live in buffers a later step overwrites (ONNX Runtime IO
@@ -126,11 +153,18 @@ class Graph:
     def step(self, tokens: np.ndarray, state: State) -> tuple[np.ndarray, State, State]:
         spec = self.spec
         feeds = {"input_ids": tokens.reshape(1, -1)}
-        feeds.update((name_in, state[key]) for key, name_in, _ in spec.state_io)
+        feeds.update((name_in, state[key]) for key, name_in in spec.state_io)
         out = self.run(feeds)
-        new_state = {key: out[name_out] for key, _, name_out in spec.state_io}
-        raw = {key: out[name_out] for key, name_out in spec.raw_io}
+        new_state = {key: out[name_out] for key, _, name_out in spec.cache_io}
+        raw = self.raw_streams(out)
+        new_state.update((key, last_row(raw[stream])) for key, stream in spec.slot_io)
         return out["logits"][0], new_state, raw
+
+    def raw_streams(self, out: dict[str, np.ndarray]) -> State:
+        """Per layer ("0.raw_key" ...) views of a call's stacked raw outputs."""
+        layers = range(self.spec.num_layers)
+        return {f"{i}.{field}": out[name][i:i + 1] for field, name in self.spec.raw_io
+                for i in layers}
 
 
 class OnnxGraph(Graph):
@@ -156,7 +190,7 @@ class OnnxGraph(Graph):
         spec = self.spec
         self.buffers = [{key: np.empty(int(np.prod(spec.shape(key.split(".")[1],
                                                                spec.max_seq_len))), np.float32)
-                         for key, _, _ in spec.state_io} for _ in range(2 if io_binding else 0)]
+                         for key, _, _ in spec.cache_io} for _ in range(2 if io_binding else 0)]
 
     @property
     def reuses_state_buffers(self) -> bool:
@@ -171,15 +205,16 @@ class OnnxGraph(Graph):
             return super().step(tokens, state)
         spec = self.spec
         length = state["0.key"].shape[2] + tokens.size
-        in_use = [any(np.may_share_memory(state[k], b[k]) for k in state) for b in self.buffers]
+        in_use = [any(np.may_share_memory(state[k], b[k]) for k in b) for b in self.buffers]
         if all(in_use):  # cannot happen through Session; copy rather than overwrite an input
             state, in_use = {k: v.copy() for k, v in state.items()}, [False, False]
         target = self.buffers[1] if in_use[0] else self.buffers[0]
         binding = self.session.io_binding()
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens.reshape(1, -1)))
         new_state = {}
-        for key, name_in, name_out in spec.state_io:
+        for key, name_in in spec.state_io:
             binding.bind_cpu_input(name_in, np.ascontiguousarray(state[key]))
+        for key, _, name_out in spec.cache_io:
             shape = spec.shape(key.split(".")[1], length)
             view = target[key][:int(np.prod(shape))].reshape(shape)
             binding.bind_output(name_out, "cpu", 0, np.float32, shape, view.ctypes.data)
@@ -188,9 +223,10 @@ class OnnxGraph(Graph):
         for name in allocated:  # ORT allocates these; outputs come back in binding order
             binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(binding)
-        values = binding.get_outputs()[len(spec.state_io):]
+        values = binding.get_outputs()[len(spec.cache_io):]
         outputs = {name: value.numpy() for name, value in zip(allocated, values)}
-        raw = {key: outputs[name_out] for key, name_out in spec.raw_io}
+        raw = self.raw_streams(outputs)
+        new_state.update((key, last_row(raw[stream])) for key, stream in spec.slot_io)
         return outputs["logits"][0], new_state, raw
 
 

@@ -26,9 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from psa_edge.errors import ArtifactError, SequenceError
-from psa_edge.runtime.graph import Graph, GraphSpec, State, open_graph
+from psa_edge.runtime.graph import RAW_OF_SLOT, Graph, GraphSpec, State, open_graph
 
-SLOT_OF_RAW = {"prev_key": "raw_key", "prev_query": "raw_query"}
 # Positions of raw keys kept for rollback: more than any draft length; about one cache row each.
 ROLLBACK_WINDOW = 64
 
@@ -124,7 +123,7 @@ class Session:
             elif keep == 0:
                 state[key] = chunk.slots_before[key]
             else:
-                raw = chunk.raw[f"{layer}.{SLOT_OF_RAW[field]}"]
+                raw = chunk.raw[f"{layer}.{RAW_OF_SLOT[field]}"]
                 state[key] = np.ascontiguousarray(raw[:, :, keep - 1:keep])
         self.state = state
         del self.tokens[length:]
