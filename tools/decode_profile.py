@@ -163,11 +163,8 @@ def legacy_io_onnx(ckpt: Path, twin: bool) -> Path:
     each slot (`present.{i}.prev_key`) and a raw-key output per layer (`present.{i}.raw_key`),
     the twin those raw keys too, which it never needs. Same inputs, same arithmetic (not a
     shipped artifact)."""
-    import torch
-
-    from psa_edge.export.graphs import (CACHE_FIELDS, ExplicitStateGraph, dynamic_shapes,
-                                        example_inputs, input_names)
-    from psa_edge.export.onnx_target import quiet, serialize_onnx
+    from psa_edge.export.graphs import ExplicitStateGraph
+    from psa_edge.export.onnx_target import export_onnx_program, serialize_onnx
     from psa_edge.model.checkpoint import load_checkpoint
     from psa_edge.model.transformer import twin_of
 
@@ -179,19 +176,16 @@ def legacy_io_onnx(ckpt: Path, twin: bool) -> Path:
             return (logits, *[layer[f] for layer in new_state for f in self.fields],
                     *[layer["key"] for layer in raws])
 
+        def graph_outputs(self):
+            layers = range(self.model.cfg.num_hidden_layers)
+            return (["logits"] + [f"present.{i}.{f}" for i in layers for f in self.fields]
+                    + [f"present.{i}.raw_key" for i in layers])
+
     path = OUT / f"{ckpt.stem}.onnx.fp32.legacy-io{'.twin' if twin else ''}.onnx"
     if not path.exists():
         model, _ = load_checkpoint(ckpt)
         model = (twin_of(model) if twin else model).eval()
-        cfg, layers = model.cfg, range(model.cfg.num_hidden_layers)
-        fields = list(CACHE_FIELDS) + ([] if twin else ["prev_key"])
-        names = (["logits"] + [f"present.{i}.{f}" for i in layers for f in fields]
-                 + [f"present.{i}.raw_key" for i in layers])
-        with quiet(), torch.no_grad():
-            program = torch.onnx.export(
-                LegacyIO(model).eval(), example_inputs(cfg, 3, 4),
-                dynamic_shapes=dynamic_shapes(cfg, MAX_LEN), input_names=input_names(cfg),
-                output_names=names, dynamo=True, optimize=True, verbose=False)
+        program = export_onnx_program(model, MAX_LEN, graph=LegacyIO(model))
         write_bytes(path, serialize_onnx(program.model_proto))
     return path
 

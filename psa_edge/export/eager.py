@@ -58,6 +58,6 @@ class EagerGraph(Graph):
                 torch.from_numpy(tokens.reshape(1, -1)), layers)
         out = {f"{i}.{f}": new_state[i][f].numpy() for i in range(spec.num_layers)
                for f in spec.state_fields}
-        raw = {f"{i}.{f}": raws[i][f.removeprefix("raw_")].numpy()
-               for i in range(spec.num_layers) for f in spec.raw_fields}
+        raw = {f: torch.cat([layer[f.removeprefix("raw_")] for layer in raws]).numpy()
+               for f in spec.raw_fields}
         return logits[0].numpy(), out, raw

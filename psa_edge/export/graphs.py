@@ -82,6 +82,10 @@ class ExplicitStateGraph(nn.Module):
         raw = [torch.cat([layer[f.removeprefix("raw_")] for layer in raws]) for f in self.raw]
         return (logits, *present, *raw)
 
+    def graph_outputs(self) -> list[str]:
+        """The names of what `forward` returns, in order."""
+        return output_names(self.model.cfg)
+
 
 def example_inputs(cfg: ModelConfig, seq_len: int, past_len: int) -> tuple[Tensor, ...]:
     ids = torch.zeros(1, seq_len, dtype=torch.long)

@@ -16,7 +16,7 @@ import torch
 
 from psa_edge.errors import ExportError
 from psa_edge.export.graphs import (ExplicitStateGraph, dynamic_shapes, example_inputs,
-                                    input_names, output_names)
+                                    input_names)
 from psa_edge.model.transformer import PSATransformer
 
 
@@ -31,18 +31,20 @@ def quiet():
         yield
 
 
-def export_onnx_program(model: PSATransformer, max_seq_len: int, decode: bool = False):
+def export_onnx_program(model: PSATransformer, max_seq_len: int, decode: bool = False,
+                        graph: ExplicitStateGraph | None = None):
     """The explicit-state graph as a torch.onnx ONNXProgram (dynamo exporter, optimized).
-    `decode=True` fixes the chunk length at 1 (a decode-only graph; tools/decode_profile.py
-    measures whether it pays, the exporter does not ship it)."""
+    `decode=True` fixes the chunk length at 1 (a decode-only graph); `graph` replaces
+    `ExplicitStateGraph(model)` by a subclass with other outputs (`graph_outputs()`). Both are
+    for tools/decode_profile.py's comparisons; the exporter ships neither."""
     cfg = model.cfg
-    graph = ExplicitStateGraph(model).eval()
+    graph = (graph or ExplicitStateGraph(model)).eval()
     # Example sizes 3 and 4: torch.export specialises dims whose example size is 0 or 1.
     with quiet(), torch.no_grad():
         return torch.onnx.export(
             graph, example_inputs(cfg, 1 if decode else 3, 4),
             dynamic_shapes=dynamic_shapes(cfg, max_seq_len, decode),
-            input_names=input_names(cfg), output_names=output_names(cfg), dynamo=True,
+            input_names=input_names(cfg), output_names=graph.graph_outputs(), dynamo=True,
             optimize=True, verbose=False)
 
 

@@ -107,25 +107,16 @@ def histogram(names) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 # ExecuTorch: PT2E
 
-def sequence_slice(node) -> tuple | None:
-    """(source, start, end, rank) of an aten slice along dim -2 with step 1, else None."""
-    if getattr(node, "target", None) != aten.slice.Tensor:
-        return None
-    source, dim, start, end, step = list(node.args) + [0, None, None, 1][len(node.args) - 1:]
-    value = node.meta.get("val")  # the slice's own; convert_pt2e's Q/DQ nodes have none
-    rank = value.dim() if value is not None else 0
-    if rank < 2 or dim % rank != rank - 2 or step != 1:
-        return None
-    return source, start, end, rank
-
-
 def shift_operands(node) -> tuple | None:
     """(stream, prev) when `node` is the general form of `ops.previous(stream, prev)`,
     `cat([prev, stream], -2)[..., :-1, :]`, in an aten-level FX graph; else None."""
-    sliced = sequence_slice(node)
-    if sliced is None or sliced[1] not in (0, None) or sliced[2] != -1:
+    if getattr(node, "target", None) != aten.slice.Tensor:
         return None
-    cat, rank = sliced[0], sliced[3]
+    cat, dim, start, end, step = list(node.args) + [0, None, None, 1][len(node.args) - 1:]
+    value = node.meta.get("val")  # the slice's own; convert_pt2e's Q/DQ nodes have none
+    rank = value.dim() if value is not None else 0
+    if rank < 2 or dim % rank != rank - 2 or start not in (0, None) or end != -1 or step != 1:
+        return None
     if (getattr(cat, "target", None) != aten.cat.default or len(cat.args) < 2
             or len(cat.args[0]) != 2 or cat.args[1] % rank != rank - 2):
         return None

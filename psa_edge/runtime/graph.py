@@ -3,10 +3,10 @@
 Contract: `open_graph(artifact)` reads the artifact's manifest and returns a `Graph`.
 `graph.step(tokens, state)` runs one chunk `tokens [S]` on `state` (a dict "layer.field" ->
 array, SPEC §3) and returns the chunk's logits `[S, V]` (an array the caller owns), the new
-state and the chunk's raw post-RoPE keys/queries ("layer.raw_key" ...), which a session needs to
-roll the previous-key slot back to any position of the chunk. A graph returns each raw stream as
-one output with the layers stacked on dim 0 (`present.raw_key`); the new slots are the last rows
-(there is no separate slot output). It never changes its inputs.
+state and the chunk's raw post-RoPE keys/queries as the graph returns them, one array per
+stream with the layers stacked on dim 0 ("raw_key" -> `[layers, Hkv, S, dh]`), which a session
+needs to roll the previous-key slot back to any position of the chunk. The new slots are views
+of the last rows (there is no separate slot output). It never changes its inputs.
 Backends:
 - `onnx`: ONNX Runtime (`.onnx`). With `io_binding=True` the new caches are written in place
   into two buffers per state tensor preallocated to the artifact's max length (the graph's own
@@ -77,23 +77,25 @@ class GraphSpec:
     @cached_property
     def cache_io(self) -> tuple[tuple[str, str, str], ...]:
         """(state key, graph input name, graph output name) of the KV caches."""
-        return tuple((key, name_in, name_in.replace("past_key_values", "present"))
-                     for key, name_in in self.state_io if key.split(".")[1] in CACHE_FIELDS)
+        return tuple((f"{i}.{f}", f"past_key_values.{i}.{f}", f"present.{i}.{f}")
+                     for i in range(self.num_layers) for f in self.state_fields
+                     if f in CACHE_FIELDS)
 
     @cached_property
-    def slot_io(self) -> tuple[tuple[str, str], ...]:
-        """(slot state key, the raw stream whose last row is its next value), per layer."""
-        return tuple((key, f"{key.split('.')[0]}.{RAW_OF_SLOT[key.split('.')[1]]}")
-                     for key, _ in self.state_io if key.split(".")[1] in RAW_OF_SLOT)
+    def slot_io(self) -> tuple[tuple[str, str, int], ...]:
+        """(slot state key, raw stream, layer): the slot's next value is the last row of that
+        layer's part of the stream."""
+        return tuple((f"{i}.{f}", RAW_OF_SLOT[f], i) for i in range(self.num_layers)
+                     for f in self.state_fields if f in RAW_OF_SLOT)
 
     @cached_property
     def slot_keys(self) -> tuple[str, ...]:
         """State keys of the previous-key (and previous-query) slots."""
-        return tuple(key for key, _ in self.slot_io)
+        return tuple(key for key, _, _ in self.slot_io)
 
     @cached_property
     def raw_io(self) -> tuple[tuple[str, str], ...]:
-        """(raw field, graph output name): one output per sheared stream, the layers stacked
+        """(raw stream, graph output name): one output per sheared stream, the layers stacked
         on dim 0."""
         return tuple((f, f"present.{f}") for f in self.raw_fields)
 
@@ -132,16 +134,15 @@ def read_manifest(artifact: str | Path, check_hash: bool = True) -> dict:
     return manifest
 
 
-def last_row(stream: np.ndarray) -> np.ndarray:
-    """Position -1 of a `[1, H, S, d]` stream, `[1, H, 1, d]` (no copy when S = 1)."""
-    return stream if stream.shape[2] == 1 else np.ascontiguousarray(stream[:, :, -1:])
+def slots_from(raw: State, spec: GraphSpec) -> State:
+    """The next slots: the last row of each layer's part of the stacked raw streams,
+    `[1, H, 1, d]` (a view when S = 1)."""
+    return {key: np.ascontiguousarray(raw[stream][layer:layer + 1, :, -1:])
+            for key, stream, layer in spec.slot_io}
 
 
 class Graph:
     backend = ""
-    # Whether a step's state outputs live in buffers a later step overwrites (ONNX Runtime IO
-    # binding); the session then copies what it keeps for rollback.
-    reuses_state_buffers = False
 
     def __init__(self, artifact: Path, manifest: dict):
         self.artifact, self.manifest = artifact, manifest
@@ -156,15 +157,9 @@ class Graph:
         feeds.update((name_in, state[key]) for key, name_in in spec.state_io)
         out = self.run(feeds)
         new_state = {key: out[name_out] for key, _, name_out in spec.cache_io}
-        raw = self.raw_streams(out)
-        new_state.update((key, last_row(raw[stream])) for key, stream in spec.slot_io)
+        raw = {stream: out[name_out] for stream, name_out in spec.raw_io}
+        new_state.update(slots_from(raw, spec))
         return out["logits"][0], new_state, raw
-
-    def raw_streams(self, out: dict[str, np.ndarray]) -> State:
-        """Per layer ("0.raw_key" ...) views of a call's stacked raw outputs."""
-        layers = range(self.spec.num_layers)
-        return {f"{i}.{field}": out[name][i:i + 1] for field, name in self.spec.raw_io
-                for i in layers}
 
 
 class OnnxGraph(Graph):
@@ -191,10 +186,6 @@ class OnnxGraph(Graph):
         self.buffers = [{key: np.empty(int(np.prod(spec.shape(key.split(".")[1],
                                                                spec.max_seq_len))), np.float32)
                          for key, _, _ in spec.cache_io} for _ in range(2 if io_binding else 0)]
-
-    @property
-    def reuses_state_buffers(self) -> bool:
-        return self.io_binding
 
     def run(self, feeds):
         outputs = self.session.run(list(self.spec.output_names), feeds)
@@ -225,8 +216,8 @@ class OnnxGraph(Graph):
         self.session.run_with_iobinding(binding)
         values = binding.get_outputs()[len(spec.cache_io):]
         outputs = {name: value.numpy() for name, value in zip(allocated, values)}
-        raw = self.raw_streams(outputs)
-        new_state.update((key, last_row(raw[stream])) for key, stream in spec.slot_io)
+        raw = {stream: outputs[name_out] for stream, name_out in spec.raw_io}
+        new_state.update(slots_from(raw, spec))
         return outputs["logits"][0], new_state, raw
 
 

@@ -93,9 +93,8 @@ class Session:
     def feed(self, tokens) -> np.ndarray:
         tokens = self.check(tokens)
         logits, state, raw = self.graph.step(tokens, self.state)
+        # Slots are views of earlier raw outputs, never of IO-binding buffers: kept uncopied.
         slots = {k: self.state[k] for k in self.spec.slot_keys}
-        if self.graph.reuses_state_buffers:  # kept for rollback: must outlive the buffer
-            slots = {k: v.copy() for k, v in slots.items()}
         self._chunks.append(Chunk(self.length, logits, raw, slots, self.last_logits))
         while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
                 >= ROLLBACK_WINDOW:
@@ -123,8 +122,9 @@ class Session:
             elif keep == 0:
                 state[key] = chunk.slots_before[key]
             else:
-                raw = chunk.raw[f"{layer}.{RAW_OF_SLOT[field]}"]
-                state[key] = np.ascontiguousarray(raw[:, :, keep - 1:keep])
+                i = int(layer)
+                raw = chunk.raw[RAW_OF_SLOT[field]]
+                state[key] = np.ascontiguousarray(raw[i:i + 1, :, keep - 1:keep])
         self.state = state
         del self.tokens[length:]
         self.last_logits = chunk.logits[keep - 1] if keep else chunk.last_logits_before
