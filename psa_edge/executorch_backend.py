@@ -10,13 +10,17 @@ numpy + onnxruntime, and is imported only when a `.pte` is opened.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from psa_edge.errors import ArtifactError
+from psa_edge.io import native_output_captured
 from psa_edge.runtime.graph import Graph
+
+NATIVE_LOG_PREFIX = re.compile(r"^\[[^]]*\] *")  # "[program.cpp:114] " before the message
 
 
 class PteGraph(Graph):
@@ -24,17 +28,10 @@ class PteGraph(Graph):
 
     def __init__(self, artifact: Path, manifest: dict):
         super().__init__(artifact, manifest)
-        quiet_executorch_import()
-        from executorch.runtime import Runtime
-
-        try:
-            program = Runtime.get().load_program(str(artifact))
-            self.method = program.load_method("forward")
-            # A one-token step runs method `decode` (S = 1) when the program has it.
-            self.decode = (program.load_method("decode")
-                           if "decode" in program.method_names else self.method)
-        except Exception as exc:  # noqa: BLE001
-            raise ArtifactError(f"ExecuTorch cannot load {artifact}: {str(exc)[:160]}")
+        methods = load_methods(artifact, optional=("decode",))
+        self.method = methods["forward"]
+        # A one-token step runs method `decode` (S = 1) when the program has it.
+        self.decode = methods.get("decode", self.method)
 
     def run(self, feeds):
         args = [as_torch(feeds[n]) for n in self.spec.input_names]
@@ -49,17 +46,34 @@ class RunnerProgram:
     position 0 starts a new sequence (the program masks its stale slot there)."""
 
     def __init__(self, artifact: Path):
-        quiet_executorch_import()
-        from executorch.runtime import Runtime
-
-        try:
-            self.method = Runtime.get().load_program(str(artifact)).load_method("forward")
-        except Exception as exc:  # noqa: BLE001
-            raise ArtifactError(f"ExecuTorch cannot load {artifact}: {str(exc)[:160]}")
+        self.method = load_methods(artifact)["forward"]
 
     def run(self, tokens: np.ndarray, position: int) -> np.ndarray:
         tokens = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))[None]
         return self.method.execute([tokens, torch.tensor([position])])[0][0].numpy()
+
+
+def load_methods(artifact: Path, optional: tuple[str, ...] = ()) -> dict:
+    """The program's method `forward` and those of the `optional` names that it has.
+    ExecuTorch logs natively while it loads (cpuinfo probes on every x86 machine, the reason of
+    a failure): the log is kept off the terminal, and its last line names the reason in the
+    `ArtifactError`."""
+    quiet_executorch_import()
+    from executorch.runtime import Runtime
+
+    log: list[str] = []
+    try:
+        with native_output_captured() as log:
+            program = Runtime.get().load_program(str(artifact))
+            names = [n for n in ("forward", *optional) if n in program.method_names]
+            methods = {name: program.load_method(name) for name in names}
+    except Exception as exc:  # noqa: BLE001 - the pybindings raise plain RuntimeErrors
+        reason = f" ({NATIVE_LOG_PREFIX.sub('', log[-1])})" if log else ""
+        raise ArtifactError(f"ExecuTorch cannot load {artifact}: {str(exc)[:160]}{reason}")
+    if "forward" not in methods:
+        raise ArtifactError(f"{artifact} has no method 'forward' (it has "
+                            f"{', '.join(program.method_names)})")
+    return methods
 
 
 def quiet_executorch_import() -> None:
@@ -81,8 +95,10 @@ def as_torch(array: np.ndarray) -> torch.Tensor:
 
 def set_threads(threads: int | None) -> int:
     """Resize ExecuTorch's process-wide threadpool (when `threads` is given); the size in use."""
+    quiet_executorch_import()
     from executorch.extension.pybindings import portable_lib
 
-    if threads:
-        portable_lib._unsafe_reset_threadpool(threads)
-    return portable_lib._threadpool_get_thread_count()
+    with native_output_captured():  # "Resetting threadpool to N threads."
+        if threads:
+            portable_lib._unsafe_reset_threadpool(threads)
+        return portable_lib._threadpool_get_thread_count()

@@ -1,8 +1,9 @@
-"""Atomic file output and manifests (SPEC §7). No torch import.
+"""Atomic file output and manifests (SPEC §7), and quiet native output. No torch import.
 
 Contract: `atomic_output(path)` yields a temporary path in the destination directory; on a clean
 exit it is renamed over `path` (atomic on POSIX), on any exception it is removed, so a final name
 only ever holds a complete file. `write_manifest` writes `<artifact>.json` the same way.
+`native_output_captured()` keeps native code's writes to fds 1 and 2 off the terminal.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -91,3 +93,27 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[dist] = None
     return out
+
+
+@contextlib.contextmanager
+def native_output_captured():
+    """Native code (ExecuTorch's C++ runtime) writes to file descriptors 1 and 2 directly: its
+    logs would break `--json` on stdout and bury a one-line error. Both point at a temporary
+    file meanwhile; the yielded list receives the captured lines on exit, so a caller can name
+    the native reason of a failure."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (1, 2)]
+    lines: list[str] = []
+    with tempfile.TemporaryFile() as log:
+        try:
+            for fd in (1, 2):
+                os.dup2(log.fileno(), fd)
+            yield lines
+        finally:
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+            log.seek(0)
+            lines.extend(line for line in log.read().decode(errors="replace").splitlines()
+                         if line.strip())

@@ -145,6 +145,24 @@ def test_quantized_linears_are_delegated(int8, name):
         assert not any(k in op for k in ("linear", "quantize", "choose_qparams", "mm")), op
 
 
+def test_onnx_static_int8_runs_integer_matmuls(int8, tmp_path):
+    """ONNX Runtime's CPU provider fuses every quantized linear into a QLinearMatMul: no weight
+    is dequantized on every call (with int8 activations it left most of them float)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(int8["onnx"]), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath)
+    weights = {i.name for i in optimized.graph.initializer}
+    kinds = [n.op_type for n in optimized.graph.node]
+    assert kinds.count("QLinearMatMul") == 2 * 7 + 1
+    dequantized = [n.name for n in optimized.graph.node
+                   if n.op_type == "DequantizeLinear" and n.input[0] in weights]
+    assert dequantized == []
+
+
 def test_shear_stays_fp32_by_default_and_int8_when_asked(int8):
     kept = onnx.load(str(int8["onnx"]))
     producers = {o: n.op_type for n in kept.graph.node for o in n.output}

@@ -344,3 +344,26 @@ def test_generate_bad_input(artifacts, small_vocab, args, message):
     result = cli("generate", artifacts["onnx"], *args)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_executorch_native_log_stays_off_the_terminal(artifacts, tmp_path):
+    """ExecuTorch logs natively while it loads a program (cpuinfo probes on x86, the threadpool
+    size); that log stays off stderr, and when a program cannot load, its last line names the
+    reason in the one-line error."""
+    import json
+
+    from psa_edge.io import sha256_file
+
+    data = artifacts["xnnpack"].read_bytes()
+    truncated = tmp_path / "truncated.pte"
+    truncated.write_bytes(data[:len(data) // 2])
+    manifest = json.loads(open(f"{artifacts['xnnpack']}.json").read())
+    manifest["artifact_sha256"] = sha256_file(truncated)  # only ExecuTorch can tell
+    (tmp_path / "truncated.pte.json").write_text(json.dumps(manifest))
+    result = cli("generate", truncated, "--prompt", "AB", "-n", "2", "--threads", "1")
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "ExecuTorch cannot load" in result.stderr and "file size" in result.stderr.lower()
+    result = cli("generate", artifacts["xnnpack"], "--prompt", "AB", "-n", "2", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    assert "cpuinfo" not in result.stderr and "threadpool" not in result.stderr, result.stderr

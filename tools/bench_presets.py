@@ -56,9 +56,10 @@ def checkpoint(preset: str) -> Path:
 
 
 def up_to_date(manifest_file: Path, checkpoint_sha256: str) -> bool:
-    """Whether an artifact exists that was exported from this checkpoint with the graph I/O the
-    exporter writes today (an explicit-state graph of older I/O is exported again)."""
+    """Whether an artifact exists that was exported from this checkpoint with the graph I/O and
+    int8 activation scheme the exporter writes today (older builds are exported again)."""
     from psa_edge.export.graphs import output_names
+    from psa_edge.export.quantize import QuantSpec, calibration_record
     from psa_edge.model.config import ModelConfig
 
     if not manifest_file.exists():
@@ -66,7 +67,10 @@ def up_to_date(manifest_file: Path, checkpoint_sha256: str) -> bool:
     manifest = json.loads(manifest_file.read_text())
     same_io = (manifest["form"] == "runner" or manifest["io"]["outputs"]
                == output_names(ModelConfig.from_dict(manifest["config"])))
-    return same_io and manifest["source_checkpoint"]["sha256"] == checkpoint_sha256
+    quant = manifest.get("quantization")
+    same_quant = quant is None or quant["activations"] == calibration_record(
+        None, None, QuantSpec(quant["scheme"]), "", manifest["target"])["activations"]
+    return same_io and same_quant and manifest["source_checkpoint"]["sha256"] == checkpoint_sha256
 
 
 def artifact(ckpt: Path, target: str, quant: str | None, twin: bool, form: str = "explicit-state"

@@ -142,11 +142,12 @@ Made by `python tools/quant_table.py --samples {samples}` on {cpu} ({os.cpu_coun
 ## What is quantized
 
 Weights: int8, per-channel symmetric, in every linear (q, k, v, o, the SwiGLU MLP, lm_head).
-Activations at the linears' inputs: int8 per-tensor, either static (calibrated on
-`--calibration-samples` sequences of the checkpoint's own task, train split, seeded) or dynamic
-(scales computed per call). RMSNorm, RoPE, the shear, the attention matmuls, softmax, the mask
-and the state at the graph boundary (KV cache and previous-key slot) stay fp32, so an int8
-artifact has the float artifact's I/O and cache shapes (tested against its twin).
+Activations at the linears' inputs: 8-bit per-tensor (int8 in ExecuTorch, uint8 in ONNX),
+either static (calibrated on `--calibration-samples` sequences of the checkpoint's own task,
+train split, seeded) or dynamic (scales computed per call). RMSNorm, RoPE, the shear, the
+attention matmuls, softmax, the mask and the state at the graph boundary (KV cache and
+previous-key slot) stay fp32, so an int8 artifact has the float artifact's I/O and cache shapes
+(tested against its twin).
 
 - ExecuTorch: torchao `prepare_pt2e` / `convert_pt2e` with executorch's `XNNPACKQuantizer`,
   scoped with `set_operator_type(aten.linear)`. A global config narrowed with
@@ -155,9 +156,11 @@ artifact has the float artifact's I/O and cache shapes (tested against its twin)
   quantized too, which cost 8 accuracy points on the default model (0.885 against 0.965,
   measured while building this). Every quantized linear is inside the XNNPACK delegate
   (tested).
-- ONNX: ONNX Runtime's `quant_pre_process`, then `quantize_static` (QDQ, asymmetric int8
-  activations, MinMax calibration) or `quantize_dynamic`, restricted to the MatMuls with a
-  weight initializer.
+- ONNX: ONNX Runtime's `quant_pre_process`, then `quantize_static` (QDQ, MinMax calibration,
+  asymmetric 8-bit activations stored as uint8: ONNX Runtime's U8S8, which its CPU provider
+  fuses into QLinearMatMul; with int8 activations it fused only 7 of psa-4m's 22 linears and
+  dequantized the other weights on every call) or `quantize_dynamic`, restricted to the MatMuls
+  with a weight initializer.
 
 ## Results
 

@@ -24,8 +24,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench_presets import up_to_date  # noqa: E402
 from psa_edge.export.pipeline import ExportRequest, run_export  # noqa: E402
 from psa_edge.export.quantize import QuantSpec  # noqa: E402
+from psa_edge.io import sha256_file  # noqa: E402
 from psa_edge.runtime.generate import generate  # noqa: E402
 from psa_edge.runtime.session import open_session  # noqa: E402
 from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter,  # noqa: E402
@@ -38,8 +40,9 @@ BACKENDS = {"onnx": ("ONNX Runtime", ".onnx"), "xnnpack": ("ExecuTorch XNNPACK",
 
 
 def export(target: str, quant: str | None) -> Path:
+    """The default model's build, exported again unless it is up to date (`bench_presets`)."""
     path = OUT / f"default.{target}.{quant or 'fp32'}{BACKENDS[target][1]}"
-    if not path.exists():
+    if not up_to_date(Path(f"{path}.json"), sha256_file(DEFAULT)):
         run_export(ExportRequest(DEFAULT, target, path, quant=QuantSpec(quant) if quant else None))
     return path
 

@@ -153,7 +153,7 @@ def quantize(exported: Exported, model: PSATransformer, source: dict, req: Expor
         quantized = {name: Traced(q.retrace(module, t.example, t.flat_shapes), t.example,
                                   t.flat_shapes) for name, t in exported.items()}
         tool = "torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer"
-    record = q.calibration_record(source["task"], tokens, spec, tool)
+    record = q.calibration_record(source["task"], tokens, spec, tool, req.target)
     return quantized, {**record, **ops}
 
 

@@ -83,11 +83,17 @@ def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
     return tokens[:, :max_len]
 
 
+def activation_dtype(target: str) -> str:
+    """The 8-bit type of quantized activations: ONNX Runtime's CPU kernels want uint8."""
+    return "uint8" if target == "onnx" else "int8"
+
+
 def calibration_record(task_dict: dict | None, tokens: np.ndarray | None, spec: QuantSpec,
-                       tool: str) -> dict:
+                       tool: str, target: str) -> dict:
+    dtype = activation_dtype(target)
     record = {"scheme": spec.scheme, "tool": tool, "weights": "int8 per-channel symmetric",
-              "activations": ("int8 per-tensor, static (calibrated)" if spec.static
-                              else "int8, dynamic (scales computed per call)"),
+              "activations": (f"{dtype} per-tensor, static (calibrated)" if spec.static
+                              else f"{dtype}, dynamic (scales computed per call)"),
               "keep_shear_fp32": spec.keep_shear_fp32, "calibration": None}
     if tokens is not None:
         record["calibration"] = {
@@ -297,10 +303,14 @@ def quantize_onnx(model_proto, spec: QuantSpec, calibration_feeds: list[dict]) -
                       nodes_to_quantize=targets + shear,
                       op_types_to_quantize=["MatMul"] + (["Sub", "Mul", "Add"] if shear else []))
         if spec.static:
-            # Asymmetric int8 activations, MinMax ranges: top-1 agreement 0.982 on the default
-            # model against 0.980 for symmetric ones (docs/quantization.md).
+            # Asymmetric activations, MinMax ranges, stored as uint8 (ONNX Runtime's U8S8, its
+            # default; the same 256 levels as asymmetric int8, and the same quant-check numbers
+            # on the default model). ORT's CPU provider fuses DQ -> MatMul -> Q into
+            # QLinearMatMul for all 22 weight MatMuls of psa-4m with uint8 activations, for only
+            # 7 with int8 ones: the other 15 dequantized their weights on every call, 6-9x
+            # slower per decoded token on psa-4m and psa-30m (tools/bench_presets.py).
             quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
-                            activation_type=QuantType.QInt8,
+                            activation_type=QuantType.QUInt8,
                             calibrate_method=CalibrationMethod.MinMax,
                             extra_options={"ActivationSymmetric": False}, **common)
         else:

@@ -24,14 +24,12 @@ Contract: `run_bench(artifact, spec, vs=None)`:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import platform
 import resource
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from psa_edge.errors import ArtifactError, SequenceError
+from psa_edge.io import native_output_captured
 from psa_edge.runtime.graph import read_manifest, same_architecture
 from psa_edge.runtime.session import open_session
 
@@ -252,18 +251,19 @@ def execute(bench: Bench, progress=None) -> dict:
 
 def executorch_runner_stats(artifact: Path, manifest: dict, spec: BenchSpec) -> dict:
     """ExecuTorch's own TextLLMRunner on the same .pte: its Stats, per run, as rates."""
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+    with native_output_captured():  # its tokenizer library logs natively on import
+        from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
     from psa_edge.tokenizer import decode
 
     tokenizer = artifact.with_name(manifest["tokenizer"])
-    runner = TextLLMRunner(str(artifact), str(tokenizer))
     prompt = decode(np.random.default_rng(1).integers(0, manifest["config"]["vocab_size"],
                                                       size=spec.prompt))
     collected = []
     config = GenerationConfig(echo=False, max_new_tokens=spec.gen, temperature=0.0,
                               seq_len=spec.prompt + spec.gen)
-    with native_output_silenced():  # the runner prints the text and logs its report natively
+    with native_output_captured():  # the runner logs as it loads, prints text and its report
+        runner = TextLLMRunner(str(artifact), str(tokenizer))
         for _ in range(spec.reps + 1):  # the first run warms up and is dropped
             runner.reset()
             runner.generate(prompt, config, token_callback=lambda _: None,
@@ -286,24 +286,6 @@ def executorch_runner_stats(artifact: Path, manifest: dict, spec: BenchSpec) -> 
                     "inference_start; decode = inference_end - prompt_eval_end over "
                     "num_generated_tokens, which the runner counts without the first token "
                     "(it comes out of the prefill)"}
-
-
-@contextlib.contextmanager
-def native_output_silenced():
-    """Native code writes to file descriptors 1 and 2 directly (so `--json` on stdout would be
-    broken): point both at /dev/null meanwhile."""
-    sys.stdout.flush()
-    saved = [os.dup(fd) for fd in (1, 2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in (1, 2):
-            os.dup2(devnull, fd)
-        yield
-    finally:
-        for fd, copy in zip((1, 2), saved):
-            os.dup2(copy, fd)
-            os.close(copy)
-        os.close(devnull)
 
 
 def dumps(report: dict) -> str:
