@@ -367,3 +367,16 @@ def test_executorch_native_log_stays_off_the_terminal(artifacts, tmp_path):
     result = cli("generate", artifacts["xnnpack"], "--prompt", "AB", "-n", "2", "--threads", "1")
     assert result.returncode == 0, result.stderr
     assert "cpuinfo" not in result.stderr and "threadpool" not in result.stderr, result.stderr
+
+
+def test_threads_size_the_executorch_threadpool(artifacts):
+    from psa_edge.executorch_backend import set_threads
+
+    before = set_threads(None)
+    try:
+        open_session(artifacts["xnnpack"], threads=1)
+        assert set_threads(None) == 1
+        open_session(artifacts["xnnpack"], threads=2)
+        assert set_threads(None) == 2
+    finally:
+        set_threads(before)

@@ -1,6 +1,7 @@
 """Exported explicit-state graphs behind one numpy interface (never imports torch itself).
 
-Contract: `open_graph(artifact)` reads the artifact's manifest and returns a `Graph`.
+Contract: `open_graph(artifact, threads)` reads the artifact's manifest and returns a `Graph`
+(`threads` sizes ONNX Runtime's intra-op pool, or ExecuTorch's process-wide threadpool).
 `graph.step(tokens, state)` runs one chunk `tokens [S]` on `state` (a dict "layer.field" ->
 array, SPEC §3) and returns the chunk's logits `[S, V]` (an array the caller owns), the new
 state and the chunk's raw post-RoPE keys/queries as the graph returns them, one array per
@@ -234,7 +235,9 @@ def open_graph(artifact: str | Path, threads: int | None = None) -> Graph:
     if manifest.get("target") == "onnx":
         return OnnxGraph(artifact, manifest, threads)
     if manifest.get("target") in ("xnnpack", "portable"):
-        from psa_edge.executorch_backend import PteGraph
+        from psa_edge.executorch_backend import PteGraph, set_threads
 
+        if threads:  # ExecuTorch's threadpool is process-wide
+            set_threads(threads)
         return PteGraph(artifact, manifest)
     raise ArtifactError(f"{artifact.name}: unknown target {manifest.get('target')!r}")
