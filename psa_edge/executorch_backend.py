@@ -98,7 +98,8 @@ def set_threads(threads: int | None) -> int:
     quiet_executorch_import()
     from executorch.extension.pybindings import portable_lib
 
-    with native_output_captured():  # "Resetting threadpool to N threads."
-        if threads:
+    # The threadpool's first use probes the CPU (cpuinfo) and a reset logs the new size, natively.
+    with native_output_captured():
+        if threads and threads != portable_lib._threadpool_get_thread_count():
             portable_lib._unsafe_reset_threadpool(threads)
         return portable_lib._threadpool_get_thread_count()

@@ -59,7 +59,7 @@ def up_to_date(manifest_file: Path, checkpoint_sha256: str) -> bool:
     """Whether an artifact exists that was exported from this checkpoint with the graph I/O and
     int8 activation scheme the exporter writes today (older builds are exported again)."""
     from psa_edge.export.graphs import output_names
-    from psa_edge.export.quantize import QuantSpec, calibration_record
+    from psa_edge.export.quantize import QuantSpec, activations
     from psa_edge.model.config import ModelConfig
 
     if not manifest_file.exists():
@@ -68,8 +68,8 @@ def up_to_date(manifest_file: Path, checkpoint_sha256: str) -> bool:
     same_io = (manifest["form"] == "runner" or manifest["io"]["outputs"]
                == output_names(ModelConfig.from_dict(manifest["config"])))
     quant = manifest.get("quantization")
-    same_quant = quant is None or quant["activations"] == calibration_record(
-        None, None, QuantSpec(quant["scheme"]), "", manifest["target"])["activations"]
+    same_quant = quant is None or quant["activations"] == activations(
+        QuantSpec(quant["scheme"]), manifest["target"])
     return same_io and same_quant and manifest["source_checkpoint"]["sha256"] == checkpoint_sha256
 
 

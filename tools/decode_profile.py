@@ -170,9 +170,8 @@ def legacy_io_onnx(ckpt: Path, twin: bool) -> Path:
 
     class LegacyIO(ExplicitStateGraph):
         def forward(self, input_ids, *past):
-            n = len(self.fields)
-            state = [dict(zip(self.fields, past[i:i + n])) for i in range(0, len(past), n)]
-            logits, new_state, raws = self.model.forward_with_state(input_ids, state)
+            logits, new_state, raws = self.model.forward_with_state(input_ids,
+                                                                    self.layer_states(past))
             return (logits, *[layer[f] for layer in new_state for f in self.fields],
                     *[layer["key"] for layer in raws])
 

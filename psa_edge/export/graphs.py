@@ -74,10 +74,14 @@ class ExplicitStateGraph(nn.Module):
         self.fields = state_fields(model.cfg)
         self.raw = raw_fields(model.cfg)
 
-    def forward(self, input_ids: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
+    def layer_states(self, past: tuple[Tensor, ...]) -> list[dict[str, Tensor]]:
+        """The flat past inputs as one state dict per layer."""
         n = len(self.fields)
-        state = [dict(zip(self.fields, past[i:i + n])) for i in range(0, len(past), n)]
-        logits, new_state, raws = self.model.forward_with_state(input_ids, state)
+        return [dict(zip(self.fields, past[i:i + n])) for i in range(0, len(past), n)]
+
+    def forward(self, input_ids: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
+        logits, new_state, raws = self.model.forward_with_state(input_ids,
+                                                                self.layer_states(past))
         present = [layer[f] for layer in new_state for f in CACHE_FIELDS]
         raw = [torch.cat([layer[f.removeprefix("raw_")] for layer in raws]) for f in self.raw]
         return (logits, *present, *raw)

@@ -83,17 +83,18 @@ def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
     return tokens[:, :max_len]
 
 
-def activation_dtype(target: str) -> str:
-    """The 8-bit type of quantized activations: ONNX Runtime's CPU kernels want uint8."""
-    return "uint8" if target == "onnx" else "int8"
+def activations(spec: QuantSpec, target: str) -> str:
+    """How the linears' input activations are quantized (the manifest's record). ONNX Runtime's
+    CPU kernels want them as uint8, ExecuTorch's XNNPACK quantizer makes int8."""
+    dtype = "uint8" if target == "onnx" else "int8"
+    return (f"{dtype} per-tensor, static (calibrated)" if spec.static
+            else f"{dtype}, dynamic (scales computed per call)")
 
 
 def calibration_record(task_dict: dict | None, tokens: np.ndarray | None, spec: QuantSpec,
                        tool: str, target: str) -> dict:
-    dtype = activation_dtype(target)
     record = {"scheme": spec.scheme, "tool": tool, "weights": "int8 per-channel symmetric",
-              "activations": (f"{dtype} per-tensor, static (calibrated)" if spec.static
-                              else f"{dtype}, dynamic (scales computed per call)"),
+              "activations": activations(spec, target),
               "keep_shear_fp32": spec.keep_shear_fp32, "calibration": None}
     if tokens is not None:
         record["calibration"] = {

@@ -135,10 +135,10 @@ def read_manifest(artifact: str | Path, check_hash: bool = True) -> dict:
     return manifest
 
 
-def slots_from(raw: State, spec: GraphSpec) -> State:
-    """The next slots: the last row of each layer's part of the stacked raw streams,
-    `[1, H, 1, d]` (a view when S = 1)."""
-    return {key: np.ascontiguousarray(raw[stream][layer:layer + 1, :, -1:])
+def slots_from(raw: State, spec: GraphSpec, row: int = -1) -> State:
+    """The slots after position `row` of a chunk (default its last, the next slots): that row
+    of each layer's part of the stacked raw streams, `[1, H, 1, d]` (a view when S = 1)."""
+    return {key: np.ascontiguousarray(raw[stream][layer:layer + 1, :, row, None])
             for key, stream, layer in spec.slot_io}
 
 

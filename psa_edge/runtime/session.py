@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from psa_edge.errors import ArtifactError, SequenceError
-from psa_edge.runtime.graph import RAW_OF_SLOT, Graph, GraphSpec, State, open_graph
+from psa_edge.runtime.graph import (CACHE_FIELDS, Graph, GraphSpec, State, open_graph,
+                                    slots_from)
 
 # Positions of raw keys kept for rollback: more than any draft length; about one cache row each.
 ROLLBACK_WINDOW = 64
@@ -114,17 +115,10 @@ class Session:
             self._chunks.pop()
         chunk = self._chunks[-1]
         keep = length - chunk.start  # positions of that chunk that stay (0: none of it)
-        state = {}
-        for key, value in self.state.items():
-            layer, field = key.split(".")
-            if field in ("key", "value"):
-                state[key] = np.ascontiguousarray(value[:, :, :length])
-            elif keep == 0:
-                state[key] = chunk.slots_before[key]
-            else:
-                i = int(layer)
-                raw = chunk.raw[RAW_OF_SLOT[field]]
-                state[key] = np.ascontiguousarray(raw[i:i + 1, :, keep - 1:keep])
+        state = {key: np.ascontiguousarray(value[:, :, :length])
+                 for key, value in self.state.items() if key.split(".")[1] in CACHE_FIELDS}
+        state.update(chunk.slots_before if keep == 0 else slots_from(chunk.raw, self.spec,
+                                                                      keep - 1))
         self.state = state
         del self.tokens[length:]
         self.last_logits = chunk.logits[keep - 1] if keep else chunk.last_logits_before
