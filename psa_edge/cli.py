@@ -200,7 +200,9 @@ def verify(
 @app.command()
 def bench(
     artifact: Path = typer.Argument(..., help=".onnx or .pte (explicit-state or runner form)"),
-    vs: Optional[Path] = typer.Option(None, "--vs", help="The gamma = 0 twin, run interleaved."),
+    vs: Optional[Path] = typer.Option(
+        None, "--vs", help="The gamma = 0 twin: run interleaved, both opened afresh every "
+        "repetition; PSA/twin ratios with their 95% interval."),
     prompt: int = typer.Option(128, "-p", help="Prefill test: tokens in one call."),
     gen: int = typer.Option(128, "-n", help="Decode test: tokens, one call each."),
     reps: int = typer.Option(5, "-r", help="Timed repetitions after one warm-up."),

@@ -75,11 +75,16 @@ def bench_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+RATIO_HEADER = ["PSA / twin ratio", "geomean [95% CI]", "median", "range over reps"]
+
+
 def ratio_rows(report: dict) -> list[list[str]]:
     rows = []
     for name, value in report.get("ratio_psa_over_twin", {}).items():
-        spread = (f"[{value['min']:.3f}, {value['max']:.3f}]" if "min" in value else "")
-        rows.append([name.replace("_", " "), f"{value['median']:.3f}", spread])
+        ci = value["ci95"]
+        interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        rows.append([name.replace("_", " "), f"{value['geomean']:.3f}{interval}",
+                     f"{value['median']:.3f}", f"[{value['min']:.3f}, {value['max']:.3f}]"])
     return rows
 
 
@@ -101,7 +106,7 @@ def bench_tables(report: dict, markdown: bool = False) -> None:
         print(markdown_table(header, rows))
         if ratios:
             print()
-            print(markdown_table(["PSA / twin time ratio", "median", "range over reps"], ratios))
+            print(markdown_table(RATIO_HEADER, ratios))
         if runner:
             print(f"\nExecuTorch TextLLMRunner on the same file: prefill "
                   f"{runner['prefill_tokens_per_second']:.1f} ± {runner['prefill_stddev']:.1f} "
@@ -115,8 +120,8 @@ def bench_tables(report: dict, markdown: bool = False) -> None:
         table.add_row(*row)
     console.print(table)
     if ratios:
-        ratio_table = Table("PSA / twin time ratio", "median", "range over reps",
-                            title="overhead of the shear (interleaved runs; 1.00 = none)")
+        ratio_table = Table(*RATIO_HEADER, title="overhead of the shear (interleaved, a fresh "
+                                                 "session per repetition; 1.00 = none)")
         for row in ratios:
             ratio_table.add_row(*row)
         console.print(ratio_table)

@@ -3,16 +3,19 @@ the runner form with ExecuTorch's own runner, FLOPs against an independent count
 bundle running torch-free from its own copy of the runtime."""
 
 import json
+import math
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import MAX_LEN, REPO, make_model
 from psa_edge.errors import ArtifactError, OutputError, SequenceError
-from psa_edge.runtime.bench import BenchSpec, flops_per_token, run_bench
+from psa_edge.runtime.bench import (BenchSpec, Runner, decode_in_turns, flops_per_token,
+                                    geomean_ci, run_bench)
 from psa_edge.runtime.bundle import write_bundle
 
 SMALL = BenchSpec(prompt=8, gen=8, reps=1)
@@ -45,10 +48,65 @@ def test_bench_json_has_every_field(artifacts, tmp_path):
     assert psa["flops_per_token"]["shear"] > 0 == twin["flops_per_token"]["shear"]
     ratios = report["ratio_psa_over_twin"]
     assert set(ratios) == {"pp8_time", "tg8_time", "tg8_latency_p50"}
-    assert ratios["tg8_time"]["min"] <= ratios["tg8_time"]["median"] <= ratios["tg8_time"]["max"]
+    for value in ratios.values():
+        assert value["min"] <= value["median"] <= value["max"]
+        assert value["min"] <= value["geomean"] <= value["max"]
+        assert value["ci95"] is None  # one repetition has no interval
+    assert 1 <= report["turn_tokens"] <= 8
     assert plot.stat().st_size > 1000
     table = cli("bench", artifacts["onnx"], "-p", "8", "-n", "8", "-r", "1", "--markdown")
     assert table.returncode == 0 and "| pp8 |" in table.stdout and "| tg8 |" in table.stdout
+
+
+def test_vs_opens_both_artifacts_afresh_every_repetition(artifacts, monkeypatch):
+    opened = []
+    original = Runner.open
+    monkeypatch.setattr(Runner, "open", lambda self: (opened.append(self.artifact.name),
+                                                      original(self))[1])
+    report = run_bench(artifacts["onnx"], BenchSpec(prompt=8, gen=8, reps=3, threads=1),
+                       artifacts["onnx-twin"])
+    assert sorted(opened) == sorted([artifacts["onnx"].name, artifacts["onnx-twin"].name] * 3)
+    p50 = report["ratio_psa_over_twin"]["tg8_latency_p50"]
+    assert len(p50["per_rep"]) == 3
+    low, high = p50["ci95"]
+    assert low < p50["geomean"] < high
+
+
+def test_geomean_interval_against_hand_values_and_coverage():
+    # logs 0 and 0.2: mean 0.1, sd 0.2 / sqrt(2), t(0.975, 1) = 12.706.
+    summary = geomean_ci([1.0, math.exp(0.2)])
+    half = 12.706 * (0.2 / math.sqrt(2)) / math.sqrt(2)
+    assert summary["geomean"] == pytest.approx(math.exp(0.1))
+    assert summary["ci95"] == pytest.approx([math.exp(0.1 - half), math.exp(0.1 + half)])
+    # Coverage: for lognormal ratios around 1.05 the interval holds 1.05 about 95% of the time.
+    rng = np.random.default_rng(0)
+    for n in (3, 8, 40):
+        hits = 0
+        for _ in range(2000):
+            low, high = geomean_ci(list(1.05 * np.exp(rng.normal(0, 0.07, n))))["ci95"]
+            hits += low <= 1.05 <= high
+        assert 0.93 <= hits / 2000 <= 0.97, (n, hits)
+
+
+def test_decode_in_turns_alternates_and_keeps_positions():
+    class Fake:
+        def __init__(self, name, log):
+            self.name, self.log = name, log
+
+        def start(self, context):
+            self.log.append((self.name, "start", context.size))
+
+        def steps(self, tokens, position, first, stop):
+            stop = min(stop, tokens.size)
+            self.log.append((self.name, position + first, position + stop))
+            return [0.0] * (stop - first)
+
+    log = []
+    runners = [Fake("a", log), Fake("b", log)]
+    times = decode_in_turns(runners, [0, 1], np.zeros(2, int), np.arange(5), 2)
+    assert [len(t) for t in times] == [5, 5]
+    assert log == [("a", "start", 2), ("b", "start", 2), ("a", 2, 4), ("b", 2, 4),
+                   ("b", 4, 6), ("a", 4, 6), ("a", 6, 7), ("b", 6, 7)]
 
 
 def test_bench_executorch_and_its_own_runner(artifacts):

@@ -39,15 +39,32 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from bench_presets import (BUILDS, MAX_LEN, OUT, artifact, checkpoint, cpu_times,  # noqa: E402
-                           geomean, steal_sentence, steal_share)
+                           ort_node_types, steal_sentence, steal_share)
 from psa_edge.io import write_text  # noqa: E402
-from psa_edge.runtime.bench import machine, set_threads  # noqa: E402
+from psa_edge.runtime.bench import geomean_ci, machine, set_threads  # noqa: E402
 from psa_edge.runtime.graph import OnnxGraph  # noqa: E402
 from psa_edge.runtime.session import open_session  # noqa: E402
 
 TOKEN = np.array([7])
-BLOCK_SECONDS = 0.02
+# Turns as short as psa-edge bench's (runtime.bench.TURN_SECONDS): this VM's slow spells last
+# tens of milliseconds, and the two sides of a ratio should share them.
+BLOCK_SECONDS = 0.004
 LAYERS = ("backend call", "graph.step", "Session.feed")
+
+
+def geomean(ratios) -> float:
+    return geomean_ci(list(ratios))["geomean"]
+
+
+def interval(ratios) -> tuple[float, float, float]:
+    """Geometric mean of per-round ratios and its 95% confidence interval."""
+    summary = geomean_ci(list(ratios))
+    return (summary["geomean"], *summary["ci95"])
+
+
+def interval_text(ratios) -> str:
+    mean, low, high = interval(ratios)
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def layer_calls(path: Path, context: np.ndarray) -> tuple[dict, dict]:
@@ -74,8 +91,9 @@ def layer_calls(path: Path, context: np.ndarray) -> tuple[dict, dict]:
 
 
 def interleaved(calls: dict[str, tuple], blocks: int) -> dict[str, float]:
-    """Median seconds per call of each named (call, setup), alternating A B / B A in blocks of
-    about BLOCK_SECONDS each."""
+    """Median seconds per call of each named (call, setup), in the order given, alternating
+    A B C / C B A in blocks of about BLOCK_SECONDS each (so cells compared with each other
+    should be neighbours in `calls`)."""
     times = defaultdict(list)
     names = list(calls)
     per_block = {}
@@ -86,7 +104,7 @@ def interleaved(calls: dict[str, tuple], blocks: int) -> dict[str, float]:
             setup and setup()
             call()
         per_call = (time.perf_counter() - started) / 10
-        per_block[name] = max(3, min(50, round(BLOCK_SECONDS / per_call)))
+        per_block[name] = max(1, min(50, round(BLOCK_SECONDS / per_call)))
     for block in range(blocks):
         for name in (names if block % 2 == 0 else names[::-1]):
             call, setup = calls[name]
@@ -158,6 +176,69 @@ def decode_only_onnx(ckpt: Path, twin: bool) -> Path:
     return path
 
 
+def merged_onnx(ckpt: Path, twin: bool) -> Path:
+    """One ONNX file holding both graphs, the shipped one and the decode-only one, behind an
+    `If` on the chunk length (S == 1 runs the decode-only branch), the weights stored once, as
+    Hugging Face Optimum merges its decoders (not a shipped artifact)."""
+    import hashlib
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    path = OUT / f"{ckpt.stem}.onnx.fp32.merged{'.twin' if twin else ''}.onnx"
+    if path.exists():
+        return path
+    branches = {"chunk": onnx.load(str(artifact(ckpt, "onnx", None, twin))),
+                "step": onnx.load(str(decode_only_onnx(ckpt, twin)))}
+    outer_inputs = list(branches["chunk"].graph.input)
+    outputs = [o.name for o in branches["chunk"].graph.output]
+    for prefix, model in branches.items():  # every name but the graph inputs made unique
+        graph, keep = model.graph, {i.name for i in outer_inputs}
+        rename = {name: f"{prefix}/{name}" for name in
+                  [i.name for i in graph.initializer] + [o for n in graph.node for o in n.output]
+                  if name and name not in keep}  # "" marks an omitted optional value
+        for init in graph.initializer:
+            init.name = rename[init.name]
+        for node in graph.node:
+            node.input[:] = [rename.get(i, i) for i in node.input]
+            node.output[:] = [rename.get(o, o) for o in node.output]
+        for value in graph.output:
+            value.name = rename[value.name]
+    # Weights both graphs hold (by content) move to the outer graph, stored once.
+    def content(tensor) -> tuple:
+        array = numpy_helper.to_array(tensor)
+        return array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest()
+
+    first = {content(t): t.name for t in branches["chunk"].graph.initializer}
+    alias = {t.name: first[content(t)] for t in branches["step"].graph.initializer
+             if content(t) in first}
+    for node in branches["step"].graph.node:
+        node.input[:] = [alias.get(i, i) for i in node.input]
+    shared = set(alias.values())
+    outer = [t for t in branches["chunk"].graph.initializer if t.name in shared]
+
+    def branch(name, graph):
+        own = [t for t in graph.initializer if t.name not in shared and t.name not in alias]
+        return helper.make_graph(list(graph.node), name, [], [
+            helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None)
+            for o in graph.output], own)
+
+    length = [helper.make_node("Shape", ["input_ids"], ["merge/shape"], start=1, end=2),
+              helper.make_node("Squeeze", ["merge/shape"], ["merge/length"]),
+              helper.make_node("Equal", ["merge/length", "merge/one"], ["merge/is_step"]),
+              helper.make_node("If", ["merge/is_step"], outputs,
+                               then_branch=branch("step", branches["step"].graph),
+                               else_branch=branch("chunk", branches["chunk"].graph))]
+    chunk = branches["chunk"]
+    graph = helper.make_graph(length, "merged", outer_inputs, [
+        helper.make_tensor_value_info(name, o.type.tensor_type.elem_type, None)
+        for name, o in zip(outputs, chunk.graph.output)],
+        outer + [numpy_helper.from_array(np.array(1, np.int64), "merge/one")])
+    merged = helper.make_model(graph, opset_imports=chunk.opset_import, ir_version=chunk.ir_version)
+    write_bytes(path, merged.SerializeToString())
+    return path
+
+
 def legacy_io_onnx(ckpt: Path, twin: bool) -> Path:
     """psa-4m's ONNX graph with the outputs psa-edge shipped before 2026-12-03: PSA returned
     each slot (`present.{i}.prev_key`) and a raw-key output per layer (`present.{i}.raw_key`),
@@ -189,6 +270,7 @@ def legacy_io_onnx(ckpt: Path, twin: bool) -> Path:
     return path
 
 
+FORMS = ("dynamic", "decode-only", "merged", "legacy I/O")
 UNITS = ("shear: Sub, Mul, Add (SPEC §2)", "shift: Concat, Slice",
          "slot input, a layer's part of the stacked raw output (an Add, a Concat input)")
 
@@ -259,22 +341,19 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def node_count(path: Path) -> int:
-    import onnx
-
-    return len(onnx.load(str(path)).graph.node)
+    """Nodes of the graph as ONNX Runtime runs it (after its optimizations)."""
+    return sum(ort_node_types(path).values())
 
 
 def layers_table(rows) -> str:
-    lines = ["| preset | backend | precision | layer | PSA ms | twin ms | PSA - twin (µs) | "
-             "ratio [range over rounds] |", "|" + "---|" * 8]
+    lines = ["| preset | backend | precision | layer | PSA ms | twin ms | "
+             "PSA - twin (µs, median of rounds) | ratio [95% CI] |", "|" + "---|" * 8]
     for preset, target, precision, rounds in rows:
         for layer in LAYERS:
-            a = statistics.median(r[("psa", layer)] for r in rounds)
-            b = statistics.median(r[("twin", layer)] for r in rounds)
-            ratios = [r[("psa", layer)] / r[("twin", layer)] for r in rounds]
+            a, b, ratios = pair_times(rounds, ("psa", layer), ("twin", layer))
+            extra = pair_difference(rounds, ("psa", layer), ("twin", layer))
             lines.append(f"| {preset} | {target} | {precision} | {layer} | {a * 1e3:.4f} | "
-                         f"{b * 1e3:.4f} | {(a - b) * 1e6:+.1f} | {geomean(ratios):.3f} "
-                         f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
+                         f"{b * 1e3:.4f} | {extra * 1e6:+.1f} | {interval_text(ratios)} |")
     return "\n".join(lines)
 
 
@@ -293,16 +372,38 @@ def profile_table(profiles) -> str:
     return "\n".join(lines)
 
 
-def rounds_of(paths: dict[str, Path], context: np.ndarray, args, make_calls) -> list[dict]:
+def rounds_of(paths: dict, context: np.ndarray, args, make_calls, pairs: list) -> list[dict]:
     """`args.rounds` measurements, each on freshly opened sessions, the load order alternating
-    (the artifact opened first can run at another speed)."""
+    (the artifact opened first can run at another speed). In a round each pair of cells
+    (a, b) is timed on its own, in turns a b b a a b ..., so both get the same turns; a round
+    maps each pair to its two median seconds per call."""
     rounds = []
     for n in range(args.rounds):
         calls = {}
         for who in (list(paths) if n % 2 == 0 else list(paths)[::-1]):
             calls.update(make_calls(who, paths[who], context))
-        rounds.append(interleaved(calls, args.blocks))
+        rounds.append({}.fromkeys(pairs))
+        for a, b in pairs:
+            medians = interleaved({"a": calls[a], "b": calls[b]}, args.blocks)
+            rounds[-1][a, b] = (medians["a"], medians["b"])
     return rounds
+
+
+def pair_times(rounds: list[dict], a, b) -> tuple[float, float, list[float]]:
+    """Median over rounds of a's and b's seconds per call, and the per-round ratios a / b."""
+    times = [r[a, b] for r in rounds]
+    return (statistics.median(t[0] for t in times), statistics.median(t[1] for t in times),
+            [t[0] / t[1] for t in times])
+
+
+def pair_difference(rounds: list[dict], a, b) -> float:
+    """Median over rounds of a's minus b's seconds per call, each round's pair timed together
+    (the difference of the two medians would mix rounds run at different machine speeds)."""
+    return statistics.median(r[a, b][0] - r[a, b][1] for r in rounds)
+
+
+def layer_pairs() -> list:
+    return [(("psa", layer), ("twin", layer)) for layer in LAYERS]
 
 
 def session_layers(who: str, path: Path, context: np.ndarray) -> dict:
@@ -315,8 +416,8 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["psa-4m", "psa-30m"])
     parser.add_argument("--context", type=int, default=64, help="P: tokens before the step "
                         "(docs/benchmarks.md's mean decode context at -n 128)")
-    parser.add_argument("--rounds", type=int, default=4, help="Fresh sessions per cell.")
-    parser.add_argument("--blocks", type=int, default=20, help="A B / B A blocks per round.")
+    parser.add_argument("--rounds", type=int, default=16, help="Fresh sessions per cell.")
+    parser.add_argument("--blocks", type=int, default=40, help="A B / B A blocks per round.")
     args = parser.parse_args()
     started, cpu_before = time.time(), cpu_times()
     rows, profiles, nodes = [], {}, {}
@@ -326,9 +427,9 @@ def main() -> None:
         for target, quant in BUILDS:
             paths = {who: artifact(ckpt, target, quant, who == "twin") for who in ("psa", "twin")}
             set_threads(list(paths.values()), 1)
-            rounds = rounds_of(paths, context, args, session_layers)
+            rounds = rounds_of(paths, context, args, session_layers, layer_pairs())
             rows.append((preset, target, quant or "fp32", rounds))
-            ratio = geomean([r[("psa", LAYERS[0])] / r[("twin", LAYERS[0])] for r in rounds])
+            ratio = geomean(pair_times(rounds, ("psa", LAYERS[0]), ("twin", LAYERS[0]))[2])
             print(f"{preset} {target} {quant or 'fp32'}: backend call ratio {ratio:.3f}",
                   flush=True)
             if target == "onnx":
@@ -350,11 +451,10 @@ def floor_of(preset: str, rows, args) -> dict:
     head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
     units = unit_costs((1, cfg["num_key_value_heads"], 1, head_dim), args.blocks)
     rounds = next(r for p, t, q, r in rows if (p, t, q) == (preset, "onnx", "fp32"))
-    psa, twin = (statistics.median(r[(who, LAYERS[0])] for r in rounds)
-                 for who in ("psa", "twin"))
+    cells = ("psa", LAYERS[0]), ("twin", LAYERS[0])
+    _, twin, ratios = pair_times(rounds, *cells)
     return {"layers": cfg["num_hidden_layers"], "units": units, "twin": twin,
-            "measured": geomean([r[("psa", LAYERS[0])] / r[("twin", LAYERS[0])]
-                                 for r in rounds]), "measured_us": (psa - twin) * 1e6}
+            "measured": geomean(ratios), "measured_us": pair_difference(rounds, *cells) * 1e6}
 
 
 def floor_table(floors: dict) -> str:
@@ -407,16 +507,17 @@ def reattach_experiment(args) -> list[dict]:
         layers, _ = layer_calls(path, context)
         return {who: layers[LAYERS[0]]}
 
-    return rounds_of(paths, task_context(ckpt, args.context), args, backend_call)
+    return rounds_of(paths, task_context(ckpt, args.context), args, backend_call,
+                     [("unreattached", "twin"), ("shipped", "twin")])
 
 
 def reattach_table(rounds: list[dict]) -> str:
-    lines = ["| psa-4m XNNPACK int8 `decode` | backend call ms | ratio to twin [range over "
-             "rounds] |", "|---|---|---|"]
-    for who in ("unreattached", "shipped", "twin"):
-        ratios = [r[who] / r["twin"] for r in rounds]
-        lines.append(f"| {who} | {statistics.median(r[who] for r in rounds) * 1e3:.4f} | "
-                     f"{geomean(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] |")
+    lines = ["| psa-4m XNNPACK int8 `decode` | backend call ms | ratio to twin [95% CI] |",
+             "|---|---|---|"]
+    for who in ("unreattached", "shipped"):
+        ms, twin_ms, ratios = pair_times(rounds, who, "twin")
+        lines.append(f"| {who} | {ms * 1e3:.4f} | {interval_text(ratios)} |")
+    lines.append(f"| twin | {twin_ms * 1e3:.4f} | 1 |")
     return "\n".join(lines)
 
 
@@ -434,33 +535,39 @@ def decode_only_experiment(args) -> dict:
                   for who in ("psa", "twin")})
     paths.update({("legacy I/O", who): legacy_io_onnx(ckpt, who == "twin")
                   for who in ("psa", "twin")})
+    paths.update({("merged", who): merged_onnx(ckpt, who == "twin") for who in ("psa", "twin")})
     # A/A control: the twin against a byte-identical copy, the resolution of this procedure.
     paths[("copy", "twin")] = OUT / "aa-copy.onnx"
     shutil.copyfile(shipped["twin"], paths[("copy", "twin")])
+    paths[("copy", "reference")] = shipped["twin"]
 
     def backend_call(key, path, _context):
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        return {key: (lambda: session.run(None, feeds[key[1]]), None)}
+        feed = feeds["psa" if key[1] == "psa" else "twin"]
+        return {key: (lambda: session.run(None, feed), None)}
 
-    rounds = rounds_of(paths, context, args, backend_call)
+    pairs = [((kind, "psa"), (kind, "twin")) for kind in FORMS]
+    pairs += [(("merged", "twin"), ("dynamic", "twin"))]  # what the If costs the twin
+    rounds = rounds_of(paths, context, args, backend_call,
+                       pairs + [(("copy", "twin"), ("copy", "reference"))])
     return {"rounds": rounds, "nodes": {key: node_count(path) for key, path in paths.items()}}
 
 
 def reading(rows, profiles, nodes, decode_rounds, floors) -> str:
     """The measured facts the tables support, computed from them."""
     def ratio_range(rounds, key_a, key_b):
-        ratios = [r[key_a] / r[key_b] for r in rounds]
-        return geomean(ratios), min(ratios), max(ratios)
+        return interval(pair_times(rounds, key_a, key_b)[2])
 
     lines = ["", "## Reading it", ""]
     for preset, target, precision, rounds in rows:
         mean, low, high = ratio_range(rounds, ("psa", LAYERS[0]), ("twin", LAYERS[0]))
-        verdict = ("PSA slower in every round" if low > 1 else "PSA faster in every round"
-                   if high < 1 else "the rounds disagree in sign: below this machine's resolution")
+        verdict = ("PSA slower (the interval is above 1)" if low > 1 else
+                   "PSA faster (the interval is below 1)" if high < 1 else
+                   "not resolved (the interval contains 1)")
         count = nodes.get((preset, precision)) if target == "onnx" else None
-        twin_ms = statistics.median(r[("twin", LAYERS[0])] for r in rounds)
+        twin_ms = pair_times(rounds, ("psa", LAYERS[0]), ("twin", LAYERS[0]))[1]
         lines.append(f"- {preset} {target} {precision}: backend call {mean:.3f} "
                      f"[{low:.3f}, {high:.3f}], {verdict}" + (
                          f"; ONNX nodes PSA / twin {count[0]} / {count[1]} = "
@@ -476,21 +583,24 @@ def reading(rows, profiles, nodes, decode_rounds, floors) -> str:
                      f"{psa['(all kernels)'] - twin['(all kernels)']:+.1f} µs.")
     dynamic = ratio_range(decode_rounds, ("dynamic", "psa"), ("dynamic", "twin"))
     decode = ratio_range(decode_rounds, ("decode-only", "psa"), ("decode-only", "twin"))
-    control = ratio_range(decode_rounds, ("copy", "twin"), ("dynamic", "twin"))
-    lines.append(f"- Decode-only ONNX graph (psa-4m fp32): ratio {decode[0]:.3f} against "
-                 f"{dynamic[0]:.3f} for the shipped dynamic graph in the same rounds; A/A "
+    control = ratio_range(decode_rounds, ("copy", "twin"), ("copy", "reference"))
+    lines.append(f"- Decode-only ONNX graph (psa-4m fp32): ratio {decode[0]:.3f} "
+                 f"[{decode[1]:.3f}, {decode[2]:.3f}] against {dynamic[0]:.3f} "
+                 f"[{dynamic[1]:.3f}, {dynamic[2]:.3f}] for the shipped dynamic graph in the "
+                 f"same rounds; A/A "
                  f"control of the backend call (the twin against a copy of its file, same "
                  f"rounds): {control[0]:.3f} [{control[1]:.3f}, {control[2]:.3f}].")
+    merged = ratio_range(decode_rounds, ("merged", "psa"), ("merged", "twin"))
+    if_cost = ratio_range(decode_rounds, ("merged", "twin"), ("dynamic", "twin"))
+    lines.append(f"- Merged (psa-4m fp32): PSA / twin {merged[0]:.3f} [{merged[1]:.3f}, "
+                 f"{merged[2]:.3f}]; the merged twin against the shipped twin "
+                 f"{if_cost[0]:.3f} [{if_cost[1]:.3f}, {if_cost[2]:.3f}], what the `If` costs a "
+                 f"decode step.")
     legacy = ratio_range(decode_rounds, ("legacy I/O", "psa"), ("legacy I/O", "twin"))
-    median = lambda key: statistics.median(r[key] for r in decode_rounds) * 1e6  # noqa: E731
-    lines.append(f"- Legacy I/O (psa-4m fp32): the twin's unneeded raw-key outputs cost "
-                 f"{median(('legacy I/O', 'twin')) - median(('dynamic', 'twin')):+.1f} µs per "
-                 f"call and PSA's slot and per-layer raw outputs "
-                 f"{median(('legacy I/O', 'psa')) - median(('dynamic', 'psa')):+.1f} µs; with "
-                 f"them the PSA / twin ratio reads {legacy[0]:.3f} [{legacy[1]:.3f}, "
-                 f"{legacy[2]:.3f}] against {dynamic[0]:.3f} for the shipped pair." + (
-                     " The legacy twin paid for outputs a plain Llama decoder does not have, "
-                     "which flattered PSA's ratio." if legacy[0] < dynamic[0] else ""))
+    lines.append(f"- Legacy I/O (psa-4m fp32): with the outputs shipped before 2026-12-03 the "
+                 f"PSA / twin ratio reads {legacy[0]:.3f} [{legacy[1]:.3f}, {legacy[2]:.3f}] "
+                 f"against {dynamic[0]:.3f} [{dynamic[1]:.3f}, {dynamic[2]:.3f}] for the "
+                 f"shipped pair.")
     for preset, f in floors.items():
         pieces = f["layers"] * sum(f["units"].values()) * 1e6
         rest = ("the graphs differ by those nodes only (benchmarks.md lists them), so the rest "
@@ -505,15 +615,14 @@ def write(rows, profiles, nodes, decode_only, floors, reattach, args, run) -> No
     (wall, steal), m = run, machine()
     rounds, graph_nodes = decode_only["rounds"], decode_only["nodes"]
     decode_lines = ["| psa-4m ONNX fp32 graph | nodes PSA / twin | backend call PSA ms | "
-                    "twin ms | ratio [range over rounds] |", "|---|---|---|---|---|"]
-    for kind in ("dynamic", "decode-only", "legacy I/O"):
-        a = statistics.median(r[(kind, "psa")] for r in rounds)
-        b = statistics.median(r[(kind, "twin")] for r in rounds)
-        ratios = [r[(kind, "psa")] / r[(kind, "twin")] for r in rounds]
-        decode_lines.append(f"| {kind} | {graph_nodes[(kind, 'psa')]} / "
-                            f"{graph_nodes[(kind, 'twin')]} | "
-                            f"{a * 1e3:.4f} | {b * 1e3:.4f} | {geomean(ratios):.3f} "
-                            f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
+                    "twin ms | ratio [95% CI] |", "|---|---|---|---|---|"]
+    for kind in FORMS:
+        a, b, ratios = pair_times(rounds, (kind, "psa"), (kind, "twin"))
+        # The merged graph's nodes are the two graphs above, inside its If's branches.
+        nodes = ("an If over the two above" if kind == "merged" else
+                 f"{graph_nodes[(kind, 'psa')]} / {graph_nodes[(kind, 'twin')]}")
+        decode_lines.append(f"| {kind} | {nodes} | {a * 1e3:.4f} | {b * 1e3:.4f} | "
+                            f"{interval_text(ratios)} |")
     doc = f"""# Where PSA's decode overhead comes from
 
 Made by `python tools/decode_profile.py --context {args.context} --rounds {args.rounds} \
@@ -523,10 +632,14 @@ gamma_k 0.8). One decode step at a fixed context of {args.context} tokens (state
 every call). Three nested layers: the backend call alone (ONNX Runtime `run` / ExecuTorch
 `Method.execute` of method `decode`, on prebuilt inputs), psa-edge's `graph.step` around it
 (numpy feeds in, outputs out) and the whole `Session.feed`. Each of {args.rounds} rounds opens
-fresh sessions, PSA first in even rounds and the twin first in odd ones, and alternates all six
-cells in {args.blocks} blocks (A B / B A) of about {BLOCK_SECONDS * 1e3:.0f} ms; times are the
-median over rounds of each round's median, ratios the geometric mean of the rounds' ratios with
-their range. A range that straddles 1 means the difference is below what this machine resolves.
+fresh sessions, PSA first in even rounds and the twin first in odd ones, and times each layer's
+PSA and twin on their own, alternating in {args.blocks} blocks (A B / B A) of turns of about
+{BLOCK_SECONDS * 1e3:.0f} ms; times are the median over rounds of each round's median, ratios the
+geometric mean of the rounds' ratios with its 95% confidence interval. An interval that
+contains 1 means the difference is below what this procedure resolves on this machine.
+ExecuTorch's ETDump (time per instruction inside a `.pte`) needs a runtime built with its event
+tracer (`EXECUTORCH_ENABLE_EVENT_TRACER`); the executorch 1.4.1 wheel answers "No etdump data
+found", so the XNNPACK rows are split by layer here and by delegate calls in benchmarks.md.
 
 {layers_table(rows)}
 
@@ -546,7 +659,11 @@ ExecuTorch's `decode` method is; "decode-only"), the PSA graph needs only the Su
 returned each slot (`present.{{i}}.prev_key`, now read from the last row of the raw keys) and
 one raw-key output per layer (`present.{{i}}.raw_key`, now one output, `present.raw_key`, with
 the layers stacked), and the twin returned raw keys it never needs (now gone: the twin's I/O is
-a plain Llama decoder's). Backend call at the same context, measured like the table above:
+a plain Llama decoder's). "merged" puts the dynamic and the decode-only graph in one file
+behind an `If` on the chunk length, the weights stored once (as Hugging Face Optimum merges its
+decoders), which is how the decode-only graph could ship without a second copy of the weights
+(shipped on its own, as a second file, it would hold a second copy on disk and in memory).
+Backend call at the same context, measured like the table above:
 
 {chr(10).join(decode_lines)}
 """

@@ -7,13 +7,15 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   timed runs. Token ids are fixed random draws: no tokenisation, no sampling is timed;
 - per test: tokens/s mean and stddev over the runs; for tg, per-token latency p50/p90 over
   every decoded token; for pp, time to first token (the prefill call) mean;
-- `vs` (the gamma = 0 twin): both artifacts are opened in this process and run interleaved,
-  A B then B A alternately within every repetition; per repetition the time ratio PSA/twin is
-  taken, and its median and range reported, so drift of a noisy machine hits both sides.
-  Interleaving cannot cancel what differs between processes: on a noisy machine an A/A
-  control (an artifact against its own copy) can be several percent off 1 in one process
-  (docs/benchmarks.md), so a small ratio is trusted only over several processes, `A --vs B`
-  and `B --vs A` in turn;
+- `vs` (the gamma = 0 twin): both artifacts run interleaved in this process, A B then B A
+  alternately (the decode steps in turns of about TURN_SECONDS, reported as `turn_tokens`),
+  and each repetition opens both afresh (not timed) and warms them up again.
+  Per repetition the ratios PSA/twin are taken (prefill time, decode time, median per-token
+  latency) and reported with their median, range, geometric mean and its 95% confidence
+  interval (Student t over the log ratios). Interleaving puts a noisy machine's drift on both
+  sides; reopening makes what is fixed for an opened session (where its buffers and weights
+  landed in memory), which an A/A control (an artifact against its own copy) showed to move a
+  ratio by several percent, vary between repetitions, so the interval covers it;
   `vs` must have the same config but for gamma, the same target and the same quantization;
 - runner-form `.pte` (`forward(tokens, input_pos)`): psa-edge's loop drives the method;
   ExecuTorch's own TextLLMRunner also runs the same file (prompt of p tokens, n new) and its
@@ -40,6 +42,14 @@ from psa_edge.errors import ArtifactError, SequenceError
 from psa_edge.io import native_output_captured
 from psa_edge.runtime.graph import read_manifest, same_architecture
 from psa_edge.runtime.session import open_session
+
+
+# With --vs the two artifacts' decode steps alternate in turns of about this long. On a shared
+# VM, slow spells of tens of milliseconds made the A/A ratio of 128-token turns range over
+# 0.56-1.75 between repetitions; 4 ms turns put a spell on both sides, while a turn still runs
+# with its own weights in cache after its first step (one-step turns measured 0.80 ms per
+# psa-4m token against 0.46 ms: each step then finds the other model's weights in cache).
+TURN_SECONDS = 0.004
 
 
 @dataclass(frozen=True)
@@ -97,15 +107,25 @@ class Runner:
     def __init__(self, artifact: Path, threads: int | None):
         before = rss_bytes()
         self.artifact, self.manifest = artifact, read_manifest(artifact)
-        self.form = self.manifest.get("form")
+        self.form, self.threads = self.manifest.get("form"), threads
+        self.open()
+        self.vocab = self.manifest["config"]["vocab_size"]
+        self.load_rss = rss_bytes() - before
+
+    def open(self) -> None:
+        """Open the artifact afresh; the previous program or session is released first."""
+        self.program = self.session = None
         if self.form == "runner":
             from psa_edge.executorch_backend import RunnerProgram
 
-            self.program = RunnerProgram(artifact)
+            self.program = RunnerProgram(self.artifact)
         else:
-            self.session = open_session(artifact, threads)
-        self.vocab = self.manifest["config"]["vocab_size"]
-        self.load_rss = rss_bytes() - before
+            self.session = open_session(self.artifact, self.threads)
+
+    def warm_up(self, context: np.ndarray, prompt: np.ndarray, gen: np.ndarray) -> float:
+        """One prefill and a few decode steps; returns the median seconds per decode step."""
+        self.prefill(context, prompt)
+        return statistics.median(self.decode(context, gen[:8]))
 
     def _call(self, tokens: np.ndarray, position: int) -> None:
         if self.form == "runner":
@@ -125,14 +145,36 @@ class Runner:
         self._call(prompt, context.size)
         return time.perf_counter() - started
 
-    def decode(self, context: np.ndarray, tokens: np.ndarray) -> list[float]:
-        self.start(context)
+    def steps(self, tokens: np.ndarray, position: int, first: int, stop: int) -> list[float]:
+        """Seconds of each decode call for `tokens[first:stop]`, `tokens[0]` at `position`."""
         times = []
-        for i, token in enumerate(tokens):
+        for i in range(first, min(stop, tokens.size)):
             started = time.perf_counter()
-            self._call(tokens[i:i + 1], context.size + i)
+            self._call(tokens[i:i + 1], position + i)
             times.append(time.perf_counter() - started)
         return times
+
+    def decode(self, context: np.ndarray, tokens: np.ndarray) -> list[float]:
+        self.start(context)
+        return self.steps(tokens, context.size, 0, tokens.size)
+
+
+def decode_in_turns(runners: list[Runner], order: list[int], context: np.ndarray,
+                    tokens: np.ndarray, block: int) -> list[list[float]]:
+    """Each runner decodes `tokens` after `context`, the runners taking turns every `block`
+    tokens (the order reversed every other turn); per runner, the seconds of each call."""
+    for runner in runners:
+        runner.start(context)
+    times = [[] for _ in runners]
+    for turn, first in enumerate(range(0, tokens.size, block)):
+        for i in order if turn % 2 == 0 else order[::-1]:
+            times[i] += runners[i].steps(tokens, context.size, first, first + block)
+    return times
+
+
+def turn_length(seconds_per_token: float) -> int:
+    """Decode steps per turn when two artifacts alternate: about TURN_SECONDS of decoding."""
+    return max(1, round(TURN_SECONDS / seconds_per_token))
 
 
 def set_threads(artifacts: list[Path], threads: int | None) -> str:
@@ -164,10 +206,31 @@ def summarize(times: list[float], tokens: int) -> dict:
             "seconds_mean": statistics.mean(times)}
 
 
+# Student t quantiles t(0.975, df) for df = 1..30; beyond, the first Cornish-Fisher term
+# z + (z^3 + z) / (4 df) is within 0.2% of the exact quantile.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def geomean_ci(ratios: list[float]) -> dict:
+    """Geometric mean of ratios and its 95% confidence interval (t over the logs; None for
+    a single ratio)."""
+    logs = np.log(ratios)
+    mean = float(logs.mean())
+    if len(logs) < 2:
+        return {"geomean": float(np.exp(mean)), "ci95": None}
+    df, z = len(logs) - 1, 1.960
+    t = T_975[df - 1] if df <= len(T_975) else z + (z ** 3 + z) / (4 * df)
+    half = t * float(logs.std(ddof=1)) / np.sqrt(len(logs))
+    return {"geomean": float(np.exp(mean)),
+            "ci95": [float(np.exp(mean - half)), float(np.exp(mean + half))]}
+
+
 def ratio(a: list[float], b: list[float]) -> dict:
     pairs = [x / y for x, y in zip(a, b)]
     return {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs),
-            "per_rep": pairs}
+            **geomean_ci(pairs), "per_rep": pairs}
 
 
 @dataclass
@@ -207,17 +270,22 @@ def execute(bench: Bench, progress=None) -> dict:
     vocab = runners[0].vocab
     context = rng.integers(0, vocab, size=spec.depth)
     prompt, gen = rng.integers(0, vocab, size=spec.prompt), rng.integers(0, vocab, size=spec.gen)
-    for r in runners:  # warm-up
-        r.prefill(context, prompt)
-        r.decode(context, gen[:min(8, spec.gen)])
     pp = [[] for _ in runners]
     tg = [[] for _ in runners]
+    block = spec.gen
     for rep in range(spec.reps):
         order = list(range(len(runners)))[::1 if rep % 2 == 0 else -1]
+        if rep == 0 or vs:
+            for i in order:
+                if rep:  # a fresh session per repetition (see the module docstring)
+                    runners[i].open()
+                step_seconds = runners[i].warm_up(context, prompt, gen)
+                if rep == 0 and vs:
+                    block = min(block, turn_length(step_seconds))
         for i in order:
             pp[i].append(runners[i].prefill(context, prompt))
-        for i in order:
-            tg[i].append(runners[i].decode(context, gen))
+        for i, times in enumerate(decode_in_turns(runners, order, context, gen, block)):
+            tg[i].append(times)
         if progress:
             progress()
     results = []
@@ -239,11 +307,12 @@ def execute(bench: Bench, progress=None) -> dict:
     report = {"spec": dataclasses.asdict(spec), "threads": threads, "machine": machine(),
               "depth": spec.depth, "results": results, "peak_rss_bytes": peak_rss_bytes()}
     if vs:
+        report["turn_tokens"] = block
         report["ratio_psa_over_twin"] = {
             f"pp{spec.prompt}_time": ratio(pp[0], pp[1]),
             f"tg{spec.gen}_time": ratio([sum(t) for t in tg[0]], [sum(t) for t in tg[1]]),
-            f"tg{spec.gen}_latency_p50": {"median": float(np.median(np.concatenate(tg[0])) /
-                                                          np.median(np.concatenate(tg[1])))}}
+            f"tg{spec.gen}_latency_p50": ratio([float(np.median(t)) for t in tg[0]],
+                                               [float(np.median(t)) for t in tg[1]])}
     if runners[0].form == "runner":
         report["executorch_runner"] = executorch_runner_stats(artifact, manifests[0], spec)
     return report
