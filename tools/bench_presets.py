@@ -342,7 +342,9 @@ what an opened session is fixed with (where its memory landed) moved an A/A rati
 percent; the A/A control below (the twin against a byte-identical copy of itself, measured the
 same way) shows what is left. The interval covers what varies within a run, not the machine's
 state across runs: two runs of this script on one day have disagreed by more than their
-intervals on psa-4m ONNX fp32, so a pair near the goal needs more than one run. Threads: {args.threads}.
+intervals on psa-4m ONNX fp32, so a pair near the goal needs more than one run. The tokens/s
+columns come from the same interleaved runs, where each model finds the other's weights in its
+caches after every turn: they are below what an artifact reaches alone. Threads: {args.threads}.
 Measured fp32 peak of this machine: {peak:.1f} GFLOP/s (numpy/OpenBLAS
 1024^3 GEMM, {args.threads} threads, best of 20). FLOPs per decoded token are 2 x the
 multiply-adds of the linears, the attention over the mean context and the shear (3 d per

@@ -15,7 +15,10 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   interval (Student t over the log ratios). Interleaving puts a noisy machine's drift on both
   sides; reopening makes what is fixed for an opened session (where its buffers and weights
   landed in memory), which an A/A control (an artifact against its own copy) showed to move a
-  ratio by several percent, vary between repetitions, so the interval covers it;
+  ratio by several percent, vary between repetitions, so the interval covers it. The price:
+  alternating every few milliseconds, each artifact runs with the other's weights partly in
+  its caches, so with `vs` the absolute rates and latencies are below what an artifact reaches
+  alone (measure those without `vs`);
   `vs` must have the same config but for gamma, the same target and the same quantization;
 - runner-form `.pte` (`forward(tokens, input_pos)`): psa-edge's loop drives the method;
   ExecuTorch's own TextLLMRunner also runs the same file (prompt of p tokens, n new) and its
