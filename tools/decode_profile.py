@@ -1,7 +1,7 @@
 """docs/decode-profile.md: where PSA's per-token decode overhead over its gamma = 0 twin comes
 from, layer by layer of one decoded token, and whether a decode-only ONNX graph removes it.
 
-    python tools/decode_profile.py      # about 10 minutes; reuses tools/bench_presets.py's
+    python tools/decode_profile.py      # about 12 minutes; reuses tools/bench_presets.py's
                                         # artifacts in out/bench/ (exports them if missing)
 
 Per preset and build (as in docs/benchmarks.md), one thread, at a fixed context of P tokens (the
@@ -10,11 +10,13 @@ one decode step are timed:
 - backend call: `InferenceSession.run` / ExecuTorch `Method.execute` on prebuilt inputs;
 - graph.step: psa-edge's numpy wrapper around it (feeds in, outputs to numpy dicts);
 - Session.feed: the whole runtime step (input checks, rollback bookkeeping).
-PSA and twin alternate in blocks (A B / B A); medians over all calls. ONNX Runtime's own
-profiler splits the ONNX backend call by operator type (kernel time per call). Then psa-4m's
-ONNX graphs are exported again with the chunk length fixed at 1 (the shear's shift then needs
-no Concat/Slice), and with the graph outputs shipped before 2026-12-03 (a slot output per layer
-in PSA, raw-key outputs in the twin), and timed against the shipped dynamic-length graphs.
+Each round opens fresh sessions and times every PSA/twin pair alone, alternating in turns of
+about 4 ms (A B / B A); a ratio is the geometric mean of the rounds' ratios with its 95%
+interval. ONNX Runtime's own profiler splits the ONNX backend call by operator type (kernel time
+per call). Then psa-4m's ONNX graphs are exported again with the chunk length fixed at 1 (the
+shear's shift then needs no Concat/Slice), merged with the shipped graph behind an `If`, and
+with the graph outputs shipped before 2026-12-03 (a slot output per layer in PSA, raw-key
+outputs in the twin), and timed against the shipped dynamic-length graphs.
 Finally each piece PSA adds per layer (the shear's Sub/Mul/Add, the shift, the slot input and
 raw-key output) is timed alone in ONNX Runtime, and the sum over the layers is set against the
 measured overhead. The int8 XNNPACK program without `quantize.reattach_shifts` is timed against
@@ -91,9 +93,9 @@ def layer_calls(path: Path, context: np.ndarray) -> tuple[dict, dict]:
 
 
 def interleaved(calls: dict[str, tuple], blocks: int) -> dict[str, float]:
-    """Median seconds per call of each named (call, setup), in the order given, alternating
-    A B C / C B A in blocks of about BLOCK_SECONDS each (so cells compared with each other
-    should be neighbours in `calls`)."""
+    """Median seconds per call of each named (call, setup), alternating A B / B A in blocks
+    of about BLOCK_SECONDS each. Meant for two cells: with more, the first and last in the
+    order get double turns (A B C C B A) and run warmer than the middle ones."""
     times = defaultdict(list)
     names = list(calls)
     per_block = {}
@@ -382,10 +384,9 @@ def rounds_of(paths: dict, context: np.ndarray, args, make_calls, pairs: list) -
         calls = {}
         for who in (list(paths) if n % 2 == 0 else list(paths)[::-1]):
             calls.update(make_calls(who, paths[who], context))
-        rounds.append({}.fromkeys(pairs))
-        for a, b in pairs:
-            medians = interleaved({"a": calls[a], "b": calls[b]}, args.blocks)
-            rounds[-1][a, b] = (medians["a"], medians["b"])
+        medians = {pair: interleaved({"a": calls[pair[0]], "b": calls[pair[1]]}, args.blocks)
+                   for pair in pairs}
+        rounds.append({pair: (m["a"], m["b"]) for pair, m in medians.items()})
     return rounds
 
 
@@ -619,9 +620,9 @@ def write(rows, profiles, nodes, decode_only, floors, reattach, args, run) -> No
     for kind in FORMS:
         a, b, ratios = pair_times(rounds, (kind, "psa"), (kind, "twin"))
         # The merged graph's nodes are the two graphs above, inside its If's branches.
-        nodes = ("an If over the two above" if kind == "merged" else
-                 f"{graph_nodes[(kind, 'psa')]} / {graph_nodes[(kind, 'twin')]}")
-        decode_lines.append(f"| {kind} | {nodes} | {a * 1e3:.4f} | {b * 1e3:.4f} | "
+        counts = ("an If over the two above" if kind == "merged" else
+                  f"{graph_nodes[(kind, 'psa')]} / {graph_nodes[(kind, 'twin')]}")
+        decode_lines.append(f"| {kind} | {counts} | {a * 1e3:.4f} | {b * 1e3:.4f} | "
                             f"{interval_text(ratios)} |")
     doc = f"""# Where PSA's decode overhead comes from
 
