@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from bench_presets import (BUILDS, MAX_LEN, OUT, artifact, checkpoint, cpu_times,  # noqa: E402
-                           ort_node_types, steal_sentence, steal_share)
+                           ort_node_types, ratio_text, steal_sentence, steal_share)
 from psa_edge.io import write_text  # noqa: E402
 from psa_edge.runtime.bench import geomean_ci, machine, set_threads  # noqa: E402
 from psa_edge.runtime.graph import OnnxGraph  # noqa: E402
@@ -62,11 +62,6 @@ def interval(ratios) -> tuple[float, float, float]:
     """Geometric mean of per-round ratios and its 95% confidence interval."""
     summary = geomean_ci(list(ratios))
     return (summary["geomean"], *summary["ci95"])
-
-
-def interval_text(ratios) -> str:
-    mean, low, high = interval(ratios)
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def layer_calls(path: Path, context: np.ndarray) -> tuple[dict, dict]:
@@ -323,16 +318,18 @@ def unit_costs(shape: tuple, blocks: int, copies: int = 24) -> dict[str, float]:
     options.intra_op_num_threads = 1
     options.log_severity_level = 3
     rng = np.random.default_rng(0)
-    calls = {}
-    for unit in UNITS:
+    costs = {}
+    for unit in UNITS:  # each pair alone: `interleaved` is for two cells
+        calls = {}
         for n in (0, copies):
             session = ort.InferenceSession(unit_graph(unit, n).SerializeToString(), options,
                                            providers=["CPUExecutionProvider"])
             feeds = {i.name: rng.standard_normal(shape).astype(np.float32)
                      for i in session.get_inputs()}
-            calls[(unit, n)] = (lambda s=session, f=feeds: s.run(None, f), None)
-    times = interleaved(calls, blocks)
-    return {unit: (times[(unit, copies)] - times[(unit, 0)]) / copies for unit in UNITS}
+            calls[n] = (lambda s=session, f=feeds: s.run(None, f), None)
+        times = interleaved(calls, blocks)
+        costs[unit] = (times[copies] - times[0]) / copies
+    return costs
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -355,7 +352,7 @@ def layers_table(rows) -> str:
             a, b, ratios = pair_times(rounds, ("psa", layer), ("twin", layer))
             extra = pair_difference(rounds, ("psa", layer), ("twin", layer))
             lines.append(f"| {preset} | {target} | {precision} | {layer} | {a * 1e3:.4f} | "
-                         f"{b * 1e3:.4f} | {extra * 1e6:+.1f} | {interval_text(ratios)} |")
+                         f"{b * 1e3:.4f} | {extra * 1e6:+.1f} | {ratio_text(ratios)} |")
     return "\n".join(lines)
 
 
@@ -517,7 +514,7 @@ def reattach_table(rounds: list[dict]) -> str:
              "|---|---|---|"]
     for who in ("unreattached", "shipped"):
         ms, twin_ms, ratios = pair_times(rounds, who, "twin")
-        lines.append(f"| {who} | {ms * 1e3:.4f} | {interval_text(ratios)} |")
+        lines.append(f"| {who} | {ms * 1e3:.4f} | {ratio_text(ratios)} |")
     lines.append(f"| twin | {twin_ms * 1e3:.4f} | 1 |")
     return "\n".join(lines)
 
@@ -623,7 +620,7 @@ def write(rows, profiles, nodes, decode_only, floors, reattach, args, run) -> No
         counts = ("an If over the two above" if kind == "merged" else
                   f"{graph_nodes[(kind, 'psa')]} / {graph_nodes[(kind, 'twin')]}")
         decode_lines.append(f"| {kind} | {counts} | {a * 1e3:.4f} | {b * 1e3:.4f} | "
-                            f"{interval_text(ratios)} |")
+                            f"{ratio_text(ratios)} |")
     doc = f"""# Where PSA's decode overhead comes from
 
 Made by `python tools/decode_profile.py --context {args.context} --rounds {args.rounds} \

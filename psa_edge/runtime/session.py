@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from psa_edge.errors import ArtifactError, SequenceError
-from psa_edge.runtime.graph import (CACHE_FIELDS, Graph, GraphSpec, State, open_graph,
-                                    slots_from)
+from psa_edge.runtime.graph import Graph, GraphSpec, State, open_graph, slots_from
 
 # Positions of raw keys kept for rollback: more than any draft length; about one cache row each.
 ROLLBACK_WINDOW = 64
@@ -115,8 +114,8 @@ class Session:
             self._chunks.pop()
         chunk = self._chunks[-1]
         keep = length - chunk.start  # positions of that chunk that stay (0: none of it)
-        state = {key: np.ascontiguousarray(value[:, :, :length])
-                 for key, value in self.state.items() if key.split(".")[1] in CACHE_FIELDS}
+        state = {key: np.ascontiguousarray(self.state[key][:, :, :length])
+                 for key, _, _ in self.spec.cache_io}
         state.update(chunk.slots_before if keep == 0 else slots_from(chunk.raw, self.spec,
                                                                       keep - 1))
         self.state = state
