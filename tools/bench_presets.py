@@ -385,7 +385,8 @@ Stats: ms timestamps; it counts generated tokens without the first):
   call, from the manifests' delegation reports (PSA / twin):
 {delegate_calls}
 - Where the remaining per-token difference arises, by layer of the decode step (backend call,
-  psa-edge's wrapper, the session, each timed with the same paired turns as here) and by ONNX
+  psa-edge's wrapper, the session, each timed with the same paired turns as here), on every
+  backend split into the slot I/O and the shear's ops (a build with the shear bypassed), by ONNX
   operator type, and what the ONNX graph forms without the shift's Concat/Slice measure
   (decode-only, and both graphs merged behind an `If`):
   [decode-profile.md](decode-profile.md) (`tools/decode_profile.py`).

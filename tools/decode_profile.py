@@ -1,8 +1,9 @@
 """docs/decode-profile.md: where PSA's per-token decode overhead over its gamma = 0 twin comes
 from, layer by layer of one decoded token, and whether a decode-only ONNX graph removes it.
 
-    python tools/decode_profile.py      # about 12 minutes; reuses tools/bench_presets.py's
-                                        # artifacts in out/bench/ (exports them if missing)
+    python tools/decode_profile.py      # about 17 minutes; reuses tools/bench_presets.py's
+                                        # artifacts in out/bench/ (exports them if missing,
+                                        # and the shear-bypassed builds: about 10 more)
 
 Per preset and build (as in docs/benchmarks.md), one thread, at a fixed context of P tokens (the
 state is restored before every call, so each call does the same work), three nested layers of
@@ -20,7 +21,8 @@ outputs in the twin), and timed against the shipped dynamic-length graphs.
 Finally each piece PSA adds per layer (the shear's Sub/Mul/Add, the shift, the slot input and
 raw-key output) is timed alone in ONNX Runtime, and the sum over the layers is set against the
 measured overhead. The int8 XNNPACK program without `quantize.reattach_shifts` is timed against
-the shipped one.
+the shipped one. Last, each PSA build is exported again with the shear bypassed and its I/O
+kept, which splits PSA's overhead into its slot I/O and its shear's ops on every backend.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from bench_presets import (BUILDS, MAX_LEN, OUT, artifact, checkpoint, cpu_times,  # noqa: E402
-                           ort_node_types, ratio_text, steal_sentence, steal_share)
+                           ort_node_types, ratio_text, steal_sentence, steal_share,
+                           up_to_date)
 from psa_edge.io import write_text  # noqa: E402
 from psa_edge.runtime.bench import geomean_ci, machine, set_threads  # noqa: E402
 from psa_edge.runtime.graph import OnnxGraph  # noqa: E402
@@ -438,7 +441,8 @@ def main() -> None:
     decode_only = decode_only_experiment(args)
     floors = {preset: floor_of(preset, rows, args) for preset in args.presets}
     reattach = reattach_experiment(args)
-    write(rows, profiles, nodes, decode_only, floors, reattach, args,
+    splits = split_experiment(args)
+    write(rows, profiles, nodes, decode_only, floors, reattach, splits, args,
           (time.time() - started, steal_share(cpu_before, cpu_times())))
 
 
@@ -519,6 +523,60 @@ def reattach_table(rounds: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def bypassed_shear(ckpt: Path, target: str, quant: str | None) -> Path:
+    """The PSA artifact with the shear's arithmetic and shift bypassed (the cache gets the raw
+    keys) and its I/O kept: the previous-key slot inputs and the stacked raw-key output. Not a
+    shipped artifact, and its outputs are not PSA's: it exists to split PSA's overhead."""
+    from unittest import mock
+
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.export.quantize import QuantSpec
+    from psa_edge.io import sha256_file
+
+    suffix = ".onnx" if target == "onnx" else ".pte"
+    path = OUT / f"{ckpt.stem}.{target}.{quant or 'fp32'}.bypassed{suffix}"
+    if not up_to_date(Path(f"{path}.json"), sha256_file(ckpt)):
+        with mock.patch("psa_edge.model.transformer.shear", lambda x, prev, gamma: x):
+            run_export(ExportRequest(ckpt, target, path, MAX_LEN, quant=QuantSpec(quant)
+                                     if quant else None))
+    return path
+
+
+SPLIT = (("psa", "twin"), ("bypassed", "twin"), ("psa", "bypassed"))
+
+
+def split_experiment(args) -> dict:
+    """Per preset and build, backend-call rounds of PSA, PSA with the shear bypassed (I/O
+    kept) and the twin: PSA / twin = (bypassed / twin: the slot I/O) x (PSA / bypassed: the
+    shear's ops)."""
+    splits = {}
+    for preset, (target, quant) in ((p, b) for p in args.presets for b in BUILDS):
+        ckpt = checkpoint(preset)
+        context = task_context(ckpt, args.context)
+        paths = {"psa": artifact(ckpt, target, quant, False),
+                 "bypassed": bypassed_shear(ckpt, target, quant),
+                 "twin": artifact(ckpt, target, quant, True)}
+        set_threads(list(paths.values()), 1)
+
+        def backend_call(who, path, context):
+            return {who: layer_calls(path, context)[0][LAYERS[0]]}
+
+        splits[(preset, target, quant or "fp32")] = rounds_of(paths, context, args,
+                                                              backend_call, list(SPLIT))
+    return splits
+
+
+def split_table(splits: dict) -> str:
+    lines = ["| preset | build | PSA / twin | bypassed / twin: slot I/O | PSA / bypassed: the "
+             "shear's ops | slot I/O (µs) | the shear's ops (µs) |", "|" + "---|" * 7]
+    for (preset, target, precision), rounds in splits.items():
+        cells = [ratio_text(pair_times(rounds, *pair)[2]) for pair in SPLIT]
+        micros = [f"{pair_difference(rounds, *pair) * 1e6:+.1f}" for pair in SPLIT[1:]]
+        lines.append(f"| {preset} | {target} {precision} | " + " | ".join(cells + micros)
+                     + " |")
+    return "\n".join(lines)
+
+
 def decode_only_experiment(args) -> dict:
     """Backend-call medians of psa-4m's shipped (dynamic), decode-only and legacy-I/O ONNX
     graphs."""
@@ -553,7 +611,7 @@ def decode_only_experiment(args) -> dict:
     return {"rounds": rounds, "nodes": {key: node_count(path) for key, path in paths.items()}}
 
 
-def reading(rows, profiles, nodes, decode_rounds, floors) -> str:
+def reading(rows, profiles, nodes, decode_rounds, floors, splits) -> str:
     """The measured facts the tables support, computed from them."""
     def ratio_range(rounds, key_a, key_b):
         return interval(pair_times(rounds, key_a, key_b)[2])
@@ -606,10 +664,16 @@ def reading(rows, profiles, nodes, decode_rounds, floors) -> str:
                 if pieces < f["measured_us"] else "they account for all of it")
         lines.append(f"- {preset} ONNX fp32: the pieces PSA adds cost {pieces:.1f} µs per token "
                      f"in isolation, of the {f['measured_us']:+.1f} µs measured; {rest}.")
+    for (preset, target, precision), rounds in splits.items():
+        io, ops = (interval(pair_times(rounds, *pair)[2]) for pair in SPLIT[1:])
+        lines.append(f"- {preset} {target} {precision}: the slot I/O {io[0]:.3f} [{io[1]:.3f}, "
+                     f"{io[2]:.3f}], the shear's ops {ops[0]:.3f} [{ops[1]:.3f}, {ops[2]:.3f}]"
+                     f"; " + ("the ops alone are above the 1.02 goal." if ops[1] > 1.02 else
+                             "the ops alone are not shown above the 1.02 goal."))
     return "\n".join(lines) + "\n"
 
 
-def write(rows, profiles, nodes, decode_only, floors, reattach, args, run) -> None:
+def write(rows, profiles, nodes, decode_only, floors, reattach, splits, args, run) -> None:
     (wall, steal), m = run, machine()
     rounds, graph_nodes = decode_only["rounds"], decode_only["nodes"]
     decode_lines = ["| psa-4m ONNX fp32 graph | nodes PSA / twin | backend call PSA ms | "
@@ -640,6 +704,21 @@ tracer (`EXECUTORCH_ENABLE_EVENT_TRACER`); the executorch 1.4.1 wheel answers "N
 found", so the XNNPACK rows are split by layer here and by delegate calls in benchmarks.md.
 
 {layers_table(rows)}
+
+## The overhead split: slot I/O and the shear's ops
+
+PSA's decode graph differs from its twin's in two things: its I/O (a previous-key slot input
+per layer, one stacked raw-key output) and the shear's ops (Sub, Mul, Add per layer and, in
+ONNX's dynamic-length graph, the shift's Concat and Slice and the Transposes ONNX Runtime adds
+around them). "bypassed" is the PSA
+artifact exported again with the shear replaced by the identity and its I/O kept, so
+PSA / twin = (bypassed / twin: the I/O) x (PSA / bypassed: the ops). This splits the XNNPACK
+rows, which ETDump cannot here. Bypassed, the slot inputs have no consumer: the runtimes still
+take them in every call, but no kernel or delegate reads them, so the I/O column is a lower
+bound and the ops column an upper bound. Backend call, each pair timed alone like the table
+above:
+
+{split_table(splits)}
 
 ## ONNX Runtime's profile of one decode call
 
@@ -687,7 +766,7 @@ against the shipped one and the twin (backend call, measured like the first tabl
 
 {reattach_table(reattach)}
 """
-    doc += reading(rows, profiles, nodes, rounds, floors)
+    doc += reading(rows, profiles, nodes, rounds, floors, splits)
     write_text(REPO / "docs" / "decode-profile.md", doc)
     print(doc)
 
