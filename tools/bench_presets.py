@@ -297,9 +297,10 @@ def write(rows, runner_reports, reports, peak, control, args, run) -> None:
             f"{a[tg]['latency_ms_p50']:.3f} / {b[tg]['latency_ms_p50']:.3f} | "
             f"**{ratio_text(ratios)}** | "
             f"{flops / 1e9:.4f} | {rate:.2f} | {100 * rate / peak:.1f} |")
-        if verdict_of(ratios) != "within the goal":
+        pair_verdict = verdict_of(ratios)
+        if pair_verdict != "within the goal":
             over.append(f"- {preset} {target} {precision}: p50 ratio {ratio_text(ratios)}, "
-                        f"{verdict_of(ratios)}. {structural_profile(psa_path, twin_path)}.")
+                        f"{pair_verdict}. {structural_profile(psa_path, twin_path)}.")
     runner_lines = ["| preset | psa-edge loop decode t/s | ExecuTorch TextLLMRunner decode t/s | "
                     "psa-edge loop prefill t/s | TextLLMRunner prefill t/s |", "|---|---|---|---|---|"]
     for preset, report in runner_reports:

@@ -478,22 +478,35 @@ def task_context(ckpt: Path, length: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, vocab, length)
 
 
-def unreattached_int8(ckpt: Path) -> Path:
-    """The XNNPACK int8 PSA program as exported before `quantize.reattach_shifts`: its
-    `decode` method keeps the converted graph's static cat/slice (not a shipped artifact)."""
-    from psa_edge.export import quantize
+def patched_export(ckpt: Path, target: str, quant: str | None, label: str, name: str,
+                   replacement) -> Path:
+    """A PSA build exported with the object at dotted `name` replaced (a variant for a
+    comparison, not a shipped artifact), cached in out/bench/ under `label`."""
+    from unittest import mock
+
     from psa_edge.export.pipeline import ExportRequest, run_export
     from psa_edge.export.quantize import QuantSpec
+    from psa_edge.io import sha256_file
 
-    path = OUT / f"{ckpt.stem}.xnnpack.int8.unreattached.pte"
-    if not path.exists():
-        reattach = quantize.reattach_shifts
-        quantize.reattach_shifts = lambda module: 0
-        try:
-            run_export(ExportRequest(ckpt, "xnnpack", path, MAX_LEN, quant=QuantSpec("int8")))
-        finally:
-            quantize.reattach_shifts = reattach
+    suffix = ".onnx" if target == "onnx" else ".pte"
+    path = OUT / f"{ckpt.stem}.{target}.{quant or 'fp32'}.{label}{suffix}"
+    if not up_to_date(Path(f"{path}.json"), sha256_file(ckpt)):
+        with mock.patch(name, replacement):
+            run_export(ExportRequest(ckpt, target, path, MAX_LEN,
+                                     quant=QuantSpec(quant) if quant else None))
     return path
+
+
+def unreattached_int8(ckpt: Path) -> Path:
+    """The XNNPACK int8 PSA program as exported before `quantize.reattach_shifts`: its
+    `decode` method keeps the converted graph's static cat/slice."""
+    return patched_export(ckpt, "xnnpack", "int8", "unreattached",
+                          "psa_edge.export.quantize.reattach_shifts", lambda module: 0)
+
+
+def backend_call(who, path: Path, context: np.ndarray) -> dict:
+    """The backend-call cell of one artifact, for `rounds_of`."""
+    return {who: layer_calls(path, context)[0][LAYERS[0]]}
 
 
 def reattach_experiment(args) -> list[dict]:
@@ -504,11 +517,6 @@ def reattach_experiment(args) -> list[dict]:
              "unreattached": unreattached_int8(ckpt),
              "twin": artifact(ckpt, "xnnpack", "int8", True)}
     set_threads(list(paths.values()), 1)
-
-    def backend_call(who, path, context):
-        layers, _ = layer_calls(path, context)
-        return {who: layers[LAYERS[0]]}
-
     return rounds_of(paths, task_context(ckpt, args.context), args, backend_call,
                      [("unreattached", "twin"), ("shipped", "twin")])
 
@@ -524,22 +532,11 @@ def reattach_table(rounds: list[dict]) -> str:
 
 
 def bypassed_shear(ckpt: Path, target: str, quant: str | None) -> Path:
-    """The PSA artifact with the shear's arithmetic and shift bypassed (the cache gets the raw
-    keys) and its I/O kept: the previous-key slot inputs and the stacked raw-key output. Not a
-    shipped artifact, and its outputs are not PSA's: it exists to split PSA's overhead."""
-    from unittest import mock
-
-    from psa_edge.export.pipeline import ExportRequest, run_export
-    from psa_edge.export.quantize import QuantSpec
-    from psa_edge.io import sha256_file
-
-    suffix = ".onnx" if target == "onnx" else ".pte"
-    path = OUT / f"{ckpt.stem}.{target}.{quant or 'fp32'}.bypassed{suffix}"
-    if not up_to_date(Path(f"{path}.json"), sha256_file(ckpt)):
-        with mock.patch("psa_edge.model.transformer.shear", lambda x, prev, gamma: x):
-            run_export(ExportRequest(ckpt, target, path, MAX_LEN, quant=QuantSpec(quant)
-                                     if quant else None))
-    return path
+    """The PSA build with the shear's arithmetic and shift bypassed (the cache gets the raw
+    keys) and its I/O kept: the previous-key slot inputs and the stacked raw-key output. Its
+    outputs are not PSA's: it exists to split PSA's overhead."""
+    return patched_export(ckpt, target, quant, "bypassed", "psa_edge.model.transformer.shear",
+                          lambda x, prev, gamma: x)
 
 
 SPLIT = (("psa", "twin"), ("bypassed", "twin"), ("psa", "bypassed"))
@@ -557,10 +554,6 @@ def split_experiment(args) -> dict:
                  "bypassed": bypassed_shear(ckpt, target, quant),
                  "twin": artifact(ckpt, target, quant, True)}
         set_threads(list(paths.values()), 1)
-
-        def backend_call(who, path, context):
-            return {who: layer_calls(path, context)[0][LAYERS[0]]}
-
         splits[(preset, target, quant or "fp32")] = rounds_of(paths, context, args,
                                                               backend_call, list(SPLIT))
     return splits
@@ -597,7 +590,7 @@ def decode_only_experiment(args) -> dict:
     shutil.copyfile(shipped["twin"], paths[("copy", "twin")])
     paths[("copy", "reference")] = shipped["twin"]
 
-    def backend_call(key, path, _context):
+    def ort_call(key, path, _context):
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -606,7 +599,7 @@ def decode_only_experiment(args) -> dict:
 
     pairs = [((kind, "psa"), (kind, "twin")) for kind in FORMS]
     pairs += [(("merged", "twin"), ("dynamic", "twin"))]  # what the If costs the twin
-    rounds = rounds_of(paths, context, args, backend_call,
+    rounds = rounds_of(paths, context, args, ort_call,
                        pairs + [(("copy", "twin"), ("copy", "reference"))])
     return {"rounds": rounds, "nodes": {key: node_count(path) for key, path in paths.items()}}
 
