@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 
 def make_console(stderr: bool = False):
@@ -88,6 +89,20 @@ def ratio_rows(report: dict) -> list[list[str]]:
     return rows
 
 
+def runner_lines(report: dict) -> list[str]:
+    """One line per runner-form result: ExecuTorch's TextLLMRunner on that file."""
+    lines = []
+    for result in report["results"]:
+        stats = result.get("executorch_runner")
+        if stats:
+            lines.append(f"ExecuTorch TextLLMRunner on {Path(result['artifact']).name} (its own "
+                         f"Stats): prefill {stats['prefill_tokens_per_second']:.1f} ± "
+                         f"{stats['prefill_stddev']:.1f} t/s, decode "
+                         f"{stats['decode_tokens_per_second']:.1f} ± "
+                         f"{stats['decode_stddev']:.1f} t/s")
+    return lines
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -101,17 +116,14 @@ def bench_tables(report: dict, markdown: bool = False) -> None:
     machine = (f"{m['cpu']}, {m['cores']} cores, {m['arch']}, {m['os']}; peak RSS "
                f"{report['peak_rss_bytes'] / 1e6:.0f} MB")
     ratios = ratio_rows(report)
-    runner = report.get("executorch_runner")
+    runner = runner_lines(report)
     if markdown:
         print(markdown_table(header, rows))
         if ratios:
             print()
             print(markdown_table(RATIO_HEADER, ratios))
-        if runner:
-            print(f"\nExecuTorch TextLLMRunner on the same file: prefill "
-                  f"{runner['prefill_tokens_per_second']:.1f} ± {runner['prefill_stddev']:.1f} "
-                  f"t/s, decode {runner['decode_tokens_per_second']:.1f} ± "
-                  f"{runner['decode_stddev']:.1f} t/s")
+        for line in runner:
+            print(f"\n{line}")
         print(f"\n{machine}")
         return
     console = make_console()
@@ -125,11 +137,8 @@ def bench_tables(report: dict, markdown: bool = False) -> None:
         for row in ratios:
             ratio_table.add_row(*row)
         console.print(ratio_table)
-    if runner:
-        console.print(f"ExecuTorch TextLLMRunner on the same file (its own Stats): prefill "
-                      f"{runner['prefill_tokens_per_second']:.1f} ± {runner['prefill_stddev']:.1f}"
-                      f" t/s, decode {runner['decode_tokens_per_second']:.1f} ± "
-                      f"{runner['decode_stddev']:.1f} t/s")
+    for line in runner:
+        console.print(line)
     console.print(machine)
 
 

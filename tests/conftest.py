@@ -42,6 +42,7 @@ CASES = {  # name -> (variant, target, twin, form)
     "xnnpack-twin": ("symmetric", "xnnpack", True, "explicit-state"),
     "portable": ("key-only", "portable", False, "explicit-state"),
     "runner": ("key-only", "xnnpack", False, "runner"),
+    "runner-twin": ("key-only", "xnnpack", True, "runner"),
 }
 
 

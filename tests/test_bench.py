@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import MAX_LEN, REPO, make_model
+from psa_edge.display import bench_tables
 from psa_edge.errors import ArtifactError, OutputError, SequenceError
 from psa_edge.runtime.bench import (BenchSpec, Runner, decode_in_turns, flops_per_token,
                                     geomean_ci, run_bench)
@@ -109,15 +110,31 @@ def test_decode_in_turns_alternates_and_keeps_positions():
                    ("b", 4, 6), ("a", 4, 6), ("a", 6, 7), ("b", 6, 7)]
 
 
-def test_bench_executorch_and_its_own_runner(artifacts):
+def test_bench_executorch_and_its_own_runner(artifacts, capsys):
     report = run_bench(artifacts["xnnpack"], SMALL, artifacts["xnnpack-twin"])
     assert [r["backend"] for r in report["results"]] == ["executorch"] * 2
-    runner = run_bench(artifacts["runner"], BenchSpec(prompt=8, gen=8, reps=2))
-    stats = runner["executorch_runner"]
-    # The runner counts generated tokens without the first one, which the prefill produces.
-    assert len(stats["runs"]) == 2 and all(r["generated_tokens"] == 7 for r in stats["runs"])
-    assert stats["prefill_tokens_per_second"] > 0 and stats["decode_tokens_per_second"] > 0
-    assert runner["results"][0]["form"] == "runner" and runner["results"][0]["tg8"]
+    runner = run_bench(artifacts["runner"], BenchSpec(prompt=8, gen=8, reps=2),
+                       artifacts["runner-twin"])
+    for result in runner["results"]:
+        assert result["form"] == "runner" and result["tg8"]
+        stats = result["executorch_runner"]
+        # The runner counts generated tokens without the first one, which the prefill produces.
+        assert len(stats["runs"]) == 2 and all(r["generated_tokens"] == 7 for r in stats["runs"])
+        assert stats["prefill_tokens_per_second"] > 0 and stats["decode_tokens_per_second"] > 0
+    # ExecuTorch's runner's own PSA / twin ratios, run by run, from the times it reported.
+    runs = [r["executorch_runner"]["runs"] for r in runner["results"]]
+    ratios = runner["ratio_psa_over_twin"]
+    assert ratios["executorch_runner_prefill_time"]["per_rep"] == pytest.approx(
+        [a["prefill_ms"] / b["prefill_ms"] for a, b in zip(*runs)])
+    assert ratios["executorch_runner_decode_time_per_token"]["per_rep"] == pytest.approx(
+        [a["decode_ms"] / b["decode_ms"] for a, b in zip(*runs)])  # both generate 7 tokens
+    bench_tables(runner, markdown=True)
+    shown = capsys.readouterr().out
+    assert "| executorch runner decode time per token |" in shown
+    for name in ("runner.pte", "runner-twin.pte"):
+        assert f"ExecuTorch TextLLMRunner on {name} (its own Stats)" in shown
+    alone = run_bench(artifacts["runner"], BenchSpec(prompt=8, gen=8, reps=1))
+    assert "ratio_psa_over_twin" not in alone and alone["results"][0]["executorch_runner"]
 
 
 @pytest.fixture(scope="session")

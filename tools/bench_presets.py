@@ -2,7 +2,7 @@
 machine, ONNX Runtime and ExecuTorch XNNPACK, fp32 and int8, PSA (key-only, gamma_k 0.8)
 against its gamma = 0 twin, measured interleaved by `psa-edge bench --vs`.
 
-    python tools/bench_presets.py --threads 1 -r 20     # about 10 minutes on 2 cores
+    python tools/bench_presets.py --threads 1 -r 20     # about 15 minutes on 2 cores
                                                         # (plus about 10 to export)
     python tools/bench_presets.py --presets psa-4m -r 5 # quicker
 
@@ -10,11 +10,13 @@ Models have random weights (seed 0): speed does not depend on what the weights l
 int8 builds calibrate on random ih-sht sequences of the model's vocabulary. Each pair is
 benchmarked in 2 x `--rounds` processes (`psa-edge bench A --vs B --json` and B --vs A in
 turn) and its decode p50 ratio given with a 95% interval over every repetition, beside an A/A
-control (the twin against a copy of itself); the machine's fp32 peak is
+control (the twin against a copy of itself, also for the runner form); the machine's fp32 peak is
 measured with a numpy (OpenBLAS) GEMM at the same thread count; FLOPs per decoded token come
 from the bench report (`runtime.bench.flops_per_token`, checked against torch's FLOP counter
 in the tests). For every pair not shown within the 1.02 goal, the structural profile is
 listed: the ONNX nodes / ExecuTorch instructions the PSA program runs that the twin does not.
+The runner-form `.pte` is benchmarked alone (psa-edge's loop beside ExecuTorch's TextLLMRunner)
+and against its runner-form twin, with both loops' PSA / twin ratios.
 Artifacts and raw JSON go to out/bench/.
 """
 
@@ -38,6 +40,8 @@ from psa_edge.runtime.bench import geomean_ci  # noqa: E402
 BUILDS = [("onnx", None), ("onnx", "int8"), ("xnnpack", None), ("xnnpack", "int8")]
 MAX_LEN = 512
 GOAL = 1.02
+# The runner form's PSA / twin ratio as ExecuTorch's TextLLMRunner times it (its Stats).
+RUNNER_DECODE = "executorch_runner_decode_time_per_token"
 
 
 def checkpoint(preset: str) -> Path:
@@ -178,39 +182,50 @@ def main() -> None:
     started, cpu_before = time.time(), cpu_times()
     peak = gemm_peak(args.threads)
     print(f"fp32 GEMM peak at {args.threads} threads: {peak:.1f} GFLOP/s", flush=True)
-    rows, reports, runner_reports = [], [], []
+    rows, reports, runner_reports, first_runner_twin = [], [], [], None
     for preset in args.presets:
         ckpt = checkpoint(preset)
         for target, quant in BUILDS:
             psa, twin = (artifact(ckpt, target, quant, t) for t in (False, True))
-            report, ratios = process_ratios(psa, twin, args)
-            report["p50_ratios"] = ratios
+            report, pooled = process_ratios(psa, twin, args)
+            ratios = report["p50_ratios"] = pooled[p50(args)]
             reports.append(report)
             rows.append((preset, target, quant or "fp32", psa, twin, report))
             print(f"{preset} {target} {quant or 'fp32'}: decode p50 ratio "
                   f"{ratio_text(ratios)}", flush=True)
-        runner = artifact(ckpt, "xnnpack", None, False, "runner")
-        runner_reports.append((preset, bench(runner, None, args)))
-    control = aa_control(rows[0], args)
-    write(rows, runner_reports, reports, peak, control, args,
+        runner, runner_twin = (artifact(ckpt, "xnnpack", None, t, "runner")
+                               for t in (False, True))
+        first_runner_twin = first_runner_twin or runner_twin
+        pair = process_ratios(runner, runner_twin, args, (p50(args), RUNNER_DECODE))[1]
+        runner_reports.append((preset, bench(runner, None, args), pair))
+    control = aa_control(" ".join(rows[0][:3]) + " twin", rows[0][4], args)
+    runner_control = aa_control(f"{args.presets[0]} runner-form twin", first_runner_twin, args,
+                                (p50(args), RUNNER_DECODE))
+    write(rows, runner_reports, reports, peak, (control, runner_control), args,
           (time.time() - started, steal_share(cpu_before, cpu_times())))
 
 
-def p50_ratios(report: dict) -> list[float]:
-    """Per repetition, PSA's median decode latency over the twin's."""
-    return report["ratio_psa_over_twin"][f"tg{report['spec']['gen']}_latency_p50"]["per_rep"]
+def p50(args) -> str:
+    """The ratio compared with the goal: per repetition, PSA's median decode latency over the
+    twin's."""
+    return f"tg{args.n}_latency_p50"
 
 
-def process_ratios(a: Path, b: Path, args) -> tuple[dict, list[float]]:
-    """A / B decode p50 ratios of every repetition of 2 x `--rounds` processes, `A --vs B` and
-    `B --vs A` (inverted) in turn, so that neither artifact is always the first loaded.
-    Returns the first process's report (for the tokens/s columns) and every ratio."""
-    reports, ratios = [], []
+def process_ratios(a: Path, b: Path, args, names: tuple[str, ...] = ()
+                   ) -> tuple[dict, dict[str, list[float]]]:
+    """A / B ratios `names` (default: the p50 ratio) of every repetition of 2 x `--rounds`
+    processes, `A --vs B` and `B --vs A` (inverted) in turn, so that neither artifact is always
+    the first loaded. Returns the first process's report (for the tokens/s columns) and, per
+    name, every ratio."""
+    names = names or (p50(args),)
+    reports, pooled = [], {name: [] for name in names}
     for _ in range(args.rounds):
-        reports.append(bench(a, b, args))
-        ratios += p50_ratios(reports[-1])
-        ratios += [1 / r for r in p50_ratios(bench(b, a, args))]
-    return reports[0], ratios
+        forward, backward = bench(a, b, args), bench(b, a, args)
+        reports.append(forward)
+        for name in names:
+            pooled[name] += forward["ratio_psa_over_twin"][name]["per_rep"]
+            pooled[name] += [1 / r for r in backward["ratio_psa_over_twin"][name]["per_rep"]]
+    return reports[0], pooled
 
 
 def verdict_of(ratios: list[float]) -> str:
@@ -249,28 +264,27 @@ def steal_sentence(share: float | None) -> str:
     return f"the hypervisor took {share:.1%} of the CPU time during the run (steal, /proc/stat)"
 
 
-def aa_control(row, args) -> dict:
+def aa_control(label: str, twin: Path, args, names: tuple[str, ...] = ()) -> dict:
     """The twin against a byte-identical copy of itself, in one process as `--vs` runs it: any
     ratio away from 1 is the load-order bias and the noise floor of the measurement."""
     import shutil
 
-    twin = row[4]
-    copy = OUT / f"aa-copy{twin.suffix}"
+    copy = OUT / f"aa-copy.{twin.name}"
     shutil.copyfile(twin, copy)
     shutil.copyfile(f"{twin}.json", f"{copy}.json")
-    return {"pair": f"{row[0]} {row[1]} {row[2]} twin",
-            "ratios": process_ratios(twin, copy, args)[1]}
+    return {"pair": label, "ratios": process_ratios(twin, copy, args, names)[1]}
 
 
-def aa_sentence(control: dict) -> str:
-    ratios = control["ratios"]
+def aa_sentence(control: dict, name: str) -> str:
+    ratios = control["ratios"][name]
     return (f"A/A control ({control['pair']} against a copy of itself, measured the same way, "
             f"{len(ratios)} repetitions): p50 ratio {ratio_text(ratios)}, where the truth is "
             f"1.000.")
 
 
-def write(rows, runner_reports, reports, peak, control, args, run) -> None:
+def write(rows, runner_reports, reports, peak, controls, args, run) -> None:
     wall, steal = run
+    control, runner_control = controls
     from psa_edge.display import bench_plot
 
     pp, tg = f"pp{args.p}", f"tg{args.n}"
@@ -302,21 +316,32 @@ def write(rows, runner_reports, reports, peak, control, args, run) -> None:
             over.append(f"- {preset} {target} {precision}: p50 ratio {ratio_text(ratios)}, "
                         f"{pair_verdict}. {structural_profile(psa_path, twin_path)}.")
     runner_lines = ["| preset | psa-edge loop decode t/s | ExecuTorch TextLLMRunner decode t/s | "
-                    "psa-edge loop prefill t/s | TextLLMRunner prefill t/s |", "|---|---|---|---|---|"]
-    for preset, report in runner_reports:
-        own, et = report["results"][0], report["executorch_runner"]
+                    "psa-edge loop prefill t/s | TextLLMRunner prefill t/s | PSA / twin, psa-edge "
+                    "loop: decode p50 ratio [95% CI] | PSA / twin, TextLLMRunner: decode time per "
+                    "token ratio [95% CI] |", "|" + "---|" * 7]
+    runner_verdicts, runner_ratios = [], []
+    for preset, report, pair in runner_reports:
+        own = report["results"][0]
+        et = own["executorch_runner"]
         runner_lines.append(
             f"| {preset} | {own[tg]['tokens_per_second']:.1f} ± {own[tg]['stddev']:.1f} | "
             f"{et['decode_tokens_per_second']:.1f} ± {et['decode_stddev']:.1f} | "
             f"{own[pp]['tokens_per_second']:.0f} ± {own[pp]['stddev']:.0f} | "
-            f"{et['prefill_tokens_per_second']:.0f} ± {et['prefill_stddev']:.0f} |")
+            f"{et['prefill_tokens_per_second']:.0f} ± {et['prefill_stddev']:.0f} | "
+            f"{ratio_text(pair[p50(args)])} | {ratio_text(pair[RUNNER_DECODE])} |")
+        runner_verdicts.append(f"{preset}: psa-edge's loop {verdict_of(pair[p50(args)])}, "
+                               f"TextLLMRunner {verdict_of(pair[RUNNER_DECODE])}")
+        runner_ratios.append(f"{preset} psa-edge's loop p50 {ratio_text(pair[p50(args)])}, "
+                             f"TextLLMRunner per token {ratio_text(pair[RUNNER_DECODE])}")
     delegate_calls = partition_facts(rows)
     shear_share = max(r[-1]["results"][0]["flops_per_token"]["shear"]
                       / r[-1]["results"][0]["flops_per_token"]["total"] for r in rows)
     bench_plot(reports, REPO / "docs" / "benchmarks.png")
     (OUT / "results.json").write_text(json.dumps(
-        {"rows": [r[-1] for r in rows], "runner": [r[1] for r in runner_reports],
-         "gemm_peak_gflops": peak, "aa_control": control}, indent=1, default=float))
+        {"rows": [r[-1] for r in rows],
+         "runner": [{"alone": r[1], "psa_over_twin": r[2]} for r in runner_reports],
+         "gemm_peak_gflops": peak, "aa_control": control,
+         "runner_aa_control": runner_control}, indent=1, default=float))
     verdict = ("every pair is within the 1.02 goal (95% interval below it)" if not over else
                "pairs not shown within the 1.02 goal, with what the PSA program runs beyond its "
                "twin:\n\n" + "\n".join(over))
@@ -357,16 +382,32 @@ sheared stream), at context {args.n // 2}.
 
 Decode overhead of PSA over its twin (goal <= 1.02, p50 ratio [95% CI]): {verdict}
 
-{aa_sentence(control)} [decode-profile.md](decode-profile.md) splits one decode step into
+{aa_sentence(control, p50(args))} [decode-profile.md](decode-profile.md) splits one decode step into
 the backend call, psa-edge's wrapper and the session, and by ONNX operator.
 
 ## psa-edge's Python loop against ExecuTorch's own runner
 
-The same runner-form `.pte` (`--form runner`), driven by psa-edge's loop
-(`forward(tokens, input_pos)` from Python) and by ExecuTorch's C++ `TextLLMRunner` (its own
-Stats: ms timestamps; it counts generated tokens without the first):
+The same runner-form `.pte` (`--form runner`: the KV cache and the previous-key slots are
+mutable buffers inside the program, over a static cache of {MAX_LEN} positions, behind
+`forward(tokens, input_pos)`, as ExecuTorch's own LLM export), driven by psa-edge's loop from
+Python and by ExecuTorch's C++ `TextLLMRunner` (its own Stats: ms timestamps; it counts
+generated tokens without the first). The rates are the PSA file alone (`bench RUNNER`). The
+PSA / twin ratios come from `bench RUNNER --vs TWIN` and its inverse, {2 * args.rounds * args.r}
+repetitions: psa-edge's loop alternating in turns of about 4 ms as above, `TextLLMRunner`
+alternating whole generations (A B / B A; its Stats time nothing finer), so a slow spell
+inside one generation falls on one side and its interval is wider.
 
 {chr(10).join(runner_lines)}
+
+In this form the slots are buffers inside the program (a copy per layer and call, never passed
+in or out), and every step attends over the whole static cache, masked, so a token costs more
+than in the explicit-state `decode` method (compare the decode rates with the table above) and
+the shear's fixed cost is a smaller share of it: these ratios do not carry over to the other
+forms. Against the 1.02 goal:
+{"; ".join(runner_verdicts)}. A/A control ({runner_control['pair']} against a copy of itself,
+measured the same way, {len(runner_control['ratios'][RUNNER_DECODE])} repetitions): psa-edge's
+loop p50 ratio {ratio_text(runner_control['ratios'][p50(args)])}, TextLLMRunner decode time per
+token ratio {ratio_text(runner_control['ratios'][RUNNER_DECODE])}, where the truth is 1.000.
 
 ## Reading it
 
@@ -397,8 +438,13 @@ Stats: ms timestamps; it counts generated tokens without the first):
              f"interleaved, {2 * args.rounds * args.r} repetitions per pair in "
              f"{2 * args.rounds} processes; decode overhead of PSA (goal <= {GOAL}, p50 ratio, "
              f"geometric mean [95% CI]): {verdict}\n\n"
-             f"{aa_sentence(control)}\n\n"
-             + "\n".join(lines) + "\n")
+             f"{aa_sentence(control, p50(args))}\n\n"
+             + "\n".join(lines) + "\n\n"
+             "Runner form (ExecuTorch XNNPACK fp32, slots and cache inside the program, "
+             "PSA / twin decode): " + "; ".join(runner_ratios) + f"; A/A control "
+             f"({runner_control['pair']} against a copy of itself): psa-edge's loop p50 "
+             f"{ratio_text(runner_control['ratios'][p50(args)])}, TextLLMRunner per token "
+             f"{ratio_text(runner_control['ratios'][RUNNER_DECODE])}.\n")
     from psa_edge.io import write_marked_block
 
     write_marked_block(REPO / "README.md", "bench", block)

@@ -22,7 +22,10 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   `vs` must have the same config but for gamma, the same target and the same quantization;
 - runner-form `.pte` (`forward(tokens, input_pos)`): psa-edge's loop drives the method;
   ExecuTorch's own TextLLMRunner also runs the same file (prompt of p tokens, n new) and its
-  prefill / decode rates from its Stats are reported beside;
+  prefill / decode rates from its Stats are reported beside, in each result's
+  `executorch_runner`; each repetition opens it afresh and warms it up; with `vs` it runs
+  both files, taking turns run by run, and adds its prefill time and decode time per token
+  ratios to the PSA/twin ratios;
 - also reported: artifact size, backend, precision, threads, RSS added by loading the artifact
   (and warm-up) and the process's peak RSS, the machine, and FLOPs per decoded token.
 """
@@ -268,7 +271,6 @@ def run_bench(artifact: Path, spec: BenchSpec, vs: Path | None = None, progress=
 
 def execute(bench: Bench, progress=None) -> dict:
     spec, runners, manifests, vs = bench.spec, bench.runners, bench.manifests, bench.has_twin
-    artifact, threads = runners[0].artifact, bench.threads
     rng = np.random.default_rng(0)
     vocab = runners[0].vocab
     context = rng.integers(0, vocab, size=spec.depth)
@@ -307,7 +309,7 @@ def execute(bench: Bench, progress=None) -> dict:
                               "latency_ms_p50": 1e3 * float(np.percentile(steps, 50)),
                               "latency_ms_p90": 1e3 * float(np.percentile(steps, 90))},
             "flops_per_token": flops_per_token(m["config"], spec.depth + spec.gen // 2)})
-    report = {"spec": dataclasses.asdict(spec), "threads": threads, "machine": machine(),
+    report = {"spec": dataclasses.asdict(spec), "threads": bench.threads, "machine": machine(),
               "depth": spec.depth, "results": results, "peak_rss_bytes": peak_rss_bytes()}
     if vs:
         report["turn_tokens"] = block
@@ -317,35 +319,62 @@ def execute(bench: Bench, progress=None) -> dict:
             f"tg{spec.gen}_latency_p50": ratio([float(np.median(t)) for t in tg[0]],
                                                [float(np.median(t)) for t in tg[1]])}
     if runners[0].form == "runner":
-        report["executorch_runner"] = executorch_runner_stats(artifact, manifests[0], spec)
+        stats = executorch_runner_stats([r.artifact for r in runners], manifests, spec)
+        for result, own in zip(results, stats):
+            result["executorch_runner"] = own
+        if vs:
+            per_token = [[r["decode_ms"] / r["generated_tokens"] for r in s["runs"]]
+                         for s in stats]
+            report["ratio_psa_over_twin"].update({
+                "executorch_runner_prefill_time": ratio(
+                    *[[r["prefill_ms"] for r in s["runs"]] for s in stats]),
+                "executorch_runner_decode_time_per_token": ratio(*per_token)})
     return report
 
 
-def executorch_runner_stats(artifact: Path, manifest: dict, spec: BenchSpec) -> dict:
-    """ExecuTorch's own TextLLMRunner on the same .pte: its Stats, per run, as rates."""
+def executorch_runner_stats(artifacts: list[Path], manifests: list[dict], spec: BenchSpec
+                            ) -> list[dict]:
+    """ExecuTorch's own TextLLMRunner on each .pte: its Stats, per run, as times and rates.
+    As psa-edge's own loop, every repetition opens each file afresh and warms it up (a short
+    generation, not timed), and two files take turns run by run (A B, then B A)."""
     with native_output_captured():  # its tokenizer library logs natively on import
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
     from psa_edge.tokenizer import decode
 
-    tokenizer = artifact.with_name(manifest["tokenizer"])
-    prompt = decode(np.random.default_rng(1).integers(0, manifest["config"]["vocab_size"],
-                                                      size=spec.prompt))
-    collected = []
-    config = GenerationConfig(echo=False, max_new_tokens=spec.gen, temperature=0.0,
-                              seq_len=spec.prompt + spec.gen)
+    prompt = decode(np.random.default_rng(1).integers(
+        0, manifests[0]["config"]["vocab_size"], size=spec.prompt))
+    collected = [[] for _ in artifacts]
+    timed, warm_up = (GenerationConfig(echo=False, max_new_tokens=n, temperature=0.0,
+                                       seq_len=spec.prompt + spec.gen)
+                      for n in (spec.gen, min(spec.gen, 8)))
+    ignore = lambda _: None  # noqa: E731
     with native_output_captured():  # the runner logs as it loads, prints text and its report
-        runner = TextLLMRunner(str(artifact), str(tokenizer))
-        for _ in range(spec.reps + 1):  # the first run warms up and is dropped
-            runner.reset()
-            runner.generate(prompt, config, token_callback=lambda _: None,
-                            stats_callback=collected.append)
+        for rep in range(spec.reps):
+            order = list(range(len(artifacts)))[::1 if rep % 2 == 0 else -1]
+            runners = None  # the previous repetition's programs are released first
+            runners = {i: TextLLMRunner(str(artifacts[i]),
+                                        str(artifacts[i].with_name(manifests[i]["tokenizer"])))
+                       for i in order}
+            for i in order:
+                runners[i].generate(prompt, warm_up, token_callback=ignore,
+                                    stats_callback=ignore)
+            for i in order:
+                runners[i].reset()
+                runners[i].generate(prompt, timed, token_callback=ignore,
+                                    stats_callback=collected[i].append)
+    return [runner_summary(stats) for stats in collected]
+
+
+def runner_summary(stats: list) -> dict:
+    """TextLLMRunner Stats of the timed runs as per-run times and rates, and their mean."""
     runs = []
-    for s in collected[1:]:
+    for s in stats:
         prefill_ms = max(1, s.prompt_eval_end_ms - s.inference_start_ms)
         decode_ms = max(1, s.inference_end_ms - s.prompt_eval_end_ms)
         runs.append({"prompt_tokens": s.num_prompt_tokens,
                      "generated_tokens": s.num_generated_tokens,
+                     "prefill_ms": prefill_ms, "decode_ms": decode_ms,
                      "prefill_tokens_per_second": 1e3 * s.num_prompt_tokens / prefill_ms,
                      "decode_tokens_per_second": 1e3 * s.num_generated_tokens / decode_ms})
     mean = lambda k: statistics.mean(r[k] for r in runs)  # noqa: E731
