@@ -2,8 +2,8 @@
 machine, ONNX Runtime and ExecuTorch XNNPACK, fp32 and int8, PSA (key-only, gamma_k 0.8)
 against its gamma = 0 twin, measured interleaved by `psa-edge bench --vs`.
 
-    python tools/bench_presets.py --threads 1 -r 20     # about 15 minutes on 2 cores
-                                                        # (plus about 10 to export)
+    python tools/bench_presets.py --threads 1 -r 20     # about 17 minutes on 2 cores, 33
+                                                        # with --rounds 2 (plus ~10 to export)
     python tools/bench_presets.py --presets psa-4m -r 5 # quicker
 
 Models have random weights (seed 0): speed does not depend on what the weights learned. The
@@ -182,7 +182,7 @@ def main() -> None:
     started, cpu_before = time.time(), cpu_times()
     peak = gemm_peak(args.threads)
     print(f"fp32 GEMM peak at {args.threads} threads: {peak:.1f} GFLOP/s", flush=True)
-    rows, reports, runner_reports, first_runner_twin = [], [], [], None
+    rows, reports, runner_reports = [], [], []
     for preset in args.presets:
         ckpt = checkpoint(preset)
         for target, quant in BUILDS:
@@ -195,11 +195,10 @@ def main() -> None:
                   f"{ratio_text(ratios)}", flush=True)
         runner, runner_twin = (artifact(ckpt, "xnnpack", None, t, "runner")
                                for t in (False, True))
-        first_runner_twin = first_runner_twin or runner_twin
         pair = process_ratios(runner, runner_twin, args, (p50(args), RUNNER_DECODE))[1]
-        runner_reports.append((preset, bench(runner, None, args), pair))
+        runner_reports.append((preset, runner_twin, bench(runner, None, args), pair))
     control = aa_control(" ".join(rows[0][:3]) + " twin", rows[0][4], args)
-    runner_control = aa_control(f"{args.presets[0]} runner-form twin", first_runner_twin, args,
+    runner_control = aa_control(f"{args.presets[0]} runner-form twin", runner_reports[0][1], args,
                                 (p50(args), RUNNER_DECODE))
     write(rows, runner_reports, reports, peak, (control, runner_control), args,
           (time.time() - started, steal_share(cpu_before, cpu_times())))
@@ -275,6 +274,12 @@ def aa_control(label: str, twin: Path, args, names: tuple[str, ...] = ()) -> dic
     return {"pair": label, "ratios": process_ratios(twin, copy, args, names)[1]}
 
 
+def runner_pair_text(ratios: dict[str, list[float]], args) -> str:
+    """The runner form's two ratios, by psa-edge's loop and by ExecuTorch's TextLLMRunner."""
+    return (f"psa-edge's loop p50 {ratio_text(ratios[p50(args)])}, TextLLMRunner per token "
+            f"{ratio_text(ratios[RUNNER_DECODE])}")
+
+
 def aa_sentence(control: dict, name: str) -> str:
     ratios = control["ratios"][name]
     return (f"A/A control ({control['pair']} against a copy of itself, measured the same way, "
@@ -320,7 +325,7 @@ def write(rows, runner_reports, reports, peak, controls, args, run) -> None:
                     "loop: decode p50 ratio [95% CI] | PSA / twin, TextLLMRunner: decode time per "
                     "token ratio [95% CI] |", "|" + "---|" * 7]
     runner_verdicts, runner_ratios = [], []
-    for preset, report, pair in runner_reports:
+    for preset, _, report, pair in runner_reports:
         own = report["results"][0]
         et = own["executorch_runner"]
         runner_lines.append(
@@ -331,15 +336,14 @@ def write(rows, runner_reports, reports, peak, controls, args, run) -> None:
             f"{ratio_text(pair[p50(args)])} | {ratio_text(pair[RUNNER_DECODE])} |")
         runner_verdicts.append(f"{preset}: psa-edge's loop {verdict_of(pair[p50(args)])}, "
                                f"TextLLMRunner {verdict_of(pair[RUNNER_DECODE])}")
-        runner_ratios.append(f"{preset} psa-edge's loop p50 {ratio_text(pair[p50(args)])}, "
-                             f"TextLLMRunner per token {ratio_text(pair[RUNNER_DECODE])}")
+        runner_ratios.append(f"{preset} {runner_pair_text(pair, args)}")
     delegate_calls = partition_facts(rows)
     shear_share = max(r[-1]["results"][0]["flops_per_token"]["shear"]
                       / r[-1]["results"][0]["flops_per_token"]["total"] for r in rows)
     bench_plot(reports, REPO / "docs" / "benchmarks.png")
     (OUT / "results.json").write_text(json.dumps(
         {"rows": [r[-1] for r in rows],
-         "runner": [{"alone": r[1], "psa_over_twin": r[2]} for r in runner_reports],
+         "runner": [{"alone": r[2], "psa_over_twin": r[3]} for r in runner_reports],
          "gemm_peak_gflops": peak, "aa_control": control,
          "runner_aa_control": runner_control}, indent=1, default=float))
     verdict = ("every pair is within the 1.02 goal (95% interval below it)" if not over else
@@ -405,9 +409,8 @@ than in the explicit-state `decode` method (compare the decode rates with the ta
 the shear's fixed cost is a smaller share of it: these ratios do not carry over to the other
 forms. Against the 1.02 goal:
 {"; ".join(runner_verdicts)}. A/A control ({runner_control['pair']} against a copy of itself,
-measured the same way, {len(runner_control['ratios'][RUNNER_DECODE])} repetitions): psa-edge's
-loop p50 ratio {ratio_text(runner_control['ratios'][p50(args)])}, TextLLMRunner decode time per
-token ratio {ratio_text(runner_control['ratios'][RUNNER_DECODE])}, where the truth is 1.000.
+measured the same way, {len(runner_control['ratios'][RUNNER_DECODE])} repetitions):
+{runner_pair_text(runner_control['ratios'], args)}, where the truth is 1.000.
 
 ## Reading it
 
@@ -442,9 +445,8 @@ token ratio {ratio_text(runner_control['ratios'][RUNNER_DECODE])}, where the tru
              + "\n".join(lines) + "\n\n"
              "Runner form (ExecuTorch XNNPACK fp32, slots and cache inside the program, "
              "PSA / twin decode): " + "; ".join(runner_ratios) + f"; A/A control "
-             f"({runner_control['pair']} against a copy of itself): psa-edge's loop p50 "
-             f"{ratio_text(runner_control['ratios'][p50(args)])}, TextLLMRunner per token "
-             f"{ratio_text(runner_control['ratios'][RUNNER_DECODE])}.\n")
+             f"({runner_control['pair']} against a copy of itself): "
+             f"{runner_pair_text(runner_control['ratios'], args)}.\n")
     from psa_edge.io import write_marked_block
 
     write_marked_block(REPO / "README.md", "bench", block)
