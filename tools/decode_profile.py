@@ -14,10 +14,11 @@ one decode step are timed:
 Each round opens fresh sessions and times every PSA/twin pair alone, alternating in turns of
 about 4 ms (A B / B A); a ratio is the geometric mean of the rounds' ratios with its 95%
 interval. ONNX Runtime's own profiler splits the ONNX backend call by operator type (kernel time
-per call). Then psa-4m's ONNX graphs are exported again with the chunk length fixed at 1 (the
-shear's shift then needs no Concat/Slice), merged with the shipped graph behind an `If`, and
-with the graph outputs shipped before 2026-12-03 (a slot output per layer in PSA, raw-key
-outputs in the twin), and timed against the shipped dynamic-length graphs.
+per call). Then every preset's ONNX fp32 graphs are exported again with the chunk length fixed
+at 1 (the shear's shift then needs no Concat/Slice) and merged with the shipped graph behind an
+`If`, psa-4m's also with the graph outputs shipped before 2026-12-03 (a slot output per layer in
+PSA, raw-key outputs in the twin); each is timed against the shipped dynamic-length graphs, and
+what the two candidate fixes would cost to ship is measured (file size and resident memory).
 Finally each piece PSA adds per layer (the shear's Sub/Mul/Add, the shift, the slot input and
 raw-key output) is timed alone in ONNX Runtime, and the sum over the layers is set against the
 measured overhead. The int8 XNNPACK program without `quantize.reattach_shifts` is timed against
@@ -45,7 +46,7 @@ import numpy as np  # noqa: E402
 
 from bench_presets import (BUILDS, GOAL, MAX_LEN, OUT, artifact, checkpoint,  # noqa: E402
                            cpu_times, ort_node_types, ratio_text, steal_sentence, steal_share,
-                           up_to_date)
+                           up_to_date, verdict_of)
 from psa_edge.io import write_text  # noqa: E402
 from psa_edge.runtime.bench import geomean_ci, machine, set_threads  # noqa: E402
 from psa_edge.runtime.graph import OnnxGraph  # noqa: E402
@@ -89,6 +90,17 @@ def layer_calls(path: Path, context: np.ndarray) -> tuple[dict, dict]:
              "graph.step": (lambda: graph.step(TOKEN, snapshot.state), None),
              "Session.feed": (lambda: session.feed(TOKEN), lambda: session.restore(snapshot))}
     return calls, feeds
+
+
+def ort_session(model: Path | bytes):
+    """An ONNX Runtime CPU session on one thread, from a file or a serialized model."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+                                providers=["CPUExecutionProvider"])
 
 
 def interleaved(calls: dict[str, tuple], blocks: int) -> dict[str, float]:
@@ -163,7 +175,7 @@ def kernel_times(trace_file: Path, warm: int) -> dict[str, float]:
 
 
 def decode_only_onnx(ckpt: Path, twin: bool) -> Path:
-    """psa-4m's ONNX graph with the chunk length fixed at 1 (not a shipped artifact)."""
+    """A preset's ONNX fp32 graph with the chunk length fixed at 1 (not a shipped artifact)."""
     from psa_edge.export.onnx_target import export_onnx_program, serialize_onnx
     from psa_edge.model.checkpoint import load_checkpoint
     from psa_edge.model.transformer import twin_of
@@ -316,18 +328,12 @@ def unit_graph(unit: str, copies: int):
 def unit_costs(shape: tuple, blocks: int, copies: int = 24) -> dict[str, float]:
     """Seconds each piece adds per layer to an ONNX Runtime call (one thread): the slope
     between graphs with `copies` of it and with none, so the call's fixed cost cancels."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
     rng = np.random.default_rng(0)
     costs = {}
     for unit in UNITS:  # each pair alone: `interleaved` is for two cells
         calls = {}
         for n in (0, copies):
-            session = ort.InferenceSession(unit_graph(unit, n).SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
+            session = ort_session(unit_graph(unit, n).SerializeToString())
             feeds = {i.name: rng.standard_normal(shape).astype(np.float32)
                      for i in session.get_inputs()}
             calls[n] = (lambda s=session, f=feeds: s.run(None, f), None)
@@ -439,7 +445,9 @@ def main() -> None:
                 feeds = {who: layer_calls(path, context)[1] for who, path in paths.items()}
                 profiles[(preset, quant or "fp32")] = tuple(
                     ort_kernel_profiles(paths, feeds, args.blocks).values())
-    decode_only = decode_only_experiment(args)
+    # The first preset: every graph form; the others: the two candidate fixes.
+    decode_only = [decode_only_experiment(args, preset, FORMS if i == 0 else FORMS[:3])
+                   for i, preset in enumerate(args.presets)]
     floors = {preset: floor_of(preset, rows, args) for preset in args.presets}
     reattach = reattach_experiment(args)
     splits = split_experiment(args)
@@ -571,41 +579,87 @@ def split_table(splits: dict) -> str:
     return "\n".join(lines)
 
 
-def decode_only_experiment(args) -> dict:
-    """Backend-call medians of psa-4m's shipped (dynamic), decode-only and legacy-I/O ONNX
-    graphs."""
-    import onnxruntime as ort
-
-    ckpt = checkpoint("psa-4m")
+def decode_only_experiment(args, preset: str, forms: tuple[str, ...]) -> dict:
+    """Backend-call rounds of a preset's shipped (dynamic) ONNX fp32 graphs against the other
+    `forms` (FORMS), PSA and twin, with an A/A control; and what the decode-only graph would
+    cost to ship beside the shipped one."""
+    ckpt = checkpoint(preset)
     context = task_context(ckpt, args.context)
     shipped = {who: artifact(ckpt, "onnx", None, who == "twin") for who in ("psa", "twin")}
     feeds = {who: layer_calls(path, context)[1] for who, path in shipped.items()}
+    makers = {"decode-only": decode_only_onnx, "legacy I/O": legacy_io_onnx,
+              "merged": merged_onnx}
     paths = {("dynamic", who): path for who, path in shipped.items()}
-    paths.update({("decode-only", who): decode_only_onnx(ckpt, who == "twin")
-                  for who in ("psa", "twin")})
-    paths.update({("legacy I/O", who): legacy_io_onnx(ckpt, who == "twin")
-                  for who in ("psa", "twin")})
-    paths.update({("merged", who): merged_onnx(ckpt, who == "twin") for who in ("psa", "twin")})
+    paths.update({(kind, who): makers[kind](ckpt, who == "twin")
+                  for kind in forms if kind != "dynamic" for who in ("psa", "twin")})
     # A/A control: the twin against a byte-identical copy, the resolution of this procedure.
-    paths[("copy", "twin")] = OUT / "aa-copy.onnx"
+    paths[("copy", "twin")] = OUT / f"aa-copy.{preset}.onnx"
     shutil.copyfile(shipped["twin"], paths[("copy", "twin")])
     paths[("copy", "reference")] = shipped["twin"]
 
     def ort_call(key, path, _context):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = ort_session(path)
         feed = feeds["psa" if key[1] == "psa" else "twin"]
         return {key: (lambda: session.run(None, feed), None)}
 
-    pairs = [((kind, "psa"), (kind, "twin")) for kind in FORMS]
-    pairs += [(("merged", "twin"), ("dynamic", "twin"))]  # what the If costs the twin
+    pairs = [((kind, "psa"), (kind, "twin")) for kind in forms]
+    if "merged" in forms:
+        pairs += [(("merged", "twin"), ("dynamic", "twin"))]  # what the If costs the twin
     rounds = rounds_of(paths, context, args, ort_call,
                        pairs + [(("copy", "twin"), ("copy", "reference"))])
-    return {"rounds": rounds, "nodes": {key: node_count(path) for key, path in paths.items()}}
+    return {"preset": preset, "forms": forms, "rounds": rounds,
+            "nodes": {key: node_count(path) for key, path in paths.items()},
+            "memory": memory_costs(paths, feeds["psa"])}
 
 
-def reading(rows, profiles, nodes, decode_rounds, floors, splits) -> str:
+def memory_costs(paths: dict, feeds: dict) -> dict:
+    """What each way of shipping the decode-only graph costs, PSA fp32: file bytes, and the
+    resident memory of the sessions after a one-token step, each measured in a fresh process
+    (this one has freed memory to reuse, which would hide growth): the shipped graph alone,
+    what the decode-only graph's session adds beside it (a second file with its own copy of the
+    weights; one-token steps on it, chunks on the other), and the merged graph alone (when
+    measured)."""
+    import subprocess
+    import tempfile
+
+    def resident(*graphs: Path) -> list[int]:
+        """The resident memory each graph's session adds, opened in turn in one process."""
+        with tempfile.TemporaryDirectory() as tmp:
+            np.savez(Path(tmp) / "feeds.npz", **feeds)
+            out = subprocess.run([sys.executable, "-c", OPEN_SESSIONS, str(Path(tmp) /
+                                  "feeds.npz"), *map(str, graphs)], capture_output=True,
+                                 text=True, check=True, cwd=REPO).stdout
+        return [int(v) for v in out.split()]
+
+    shipped, decode = paths[("dynamic", "psa")], paths[("decode-only", "psa")]
+    costs = dict(zip(("dynamic", "decode-only"), resident(shipped, decode)))
+    if ("merged", "psa") in paths:
+        costs["merged"] = resident(paths[("merged", "psa")])[0]
+    return {kind: {"file_bytes": paths[(kind, "psa")].stat().st_size, "rss_bytes": rss}
+            for kind, rss in costs.items()}
+
+
+# Run in a fresh process by `memory_costs`: argv = feeds (.npz), then the graphs to open in
+# turn; prints the resident memory each adds once it has run a step.
+OPEN_SESSIONS = """
+import sys
+import numpy as np
+import onnxruntime as ort
+from psa_edge.runtime.bench import rss_bytes
+feeds = dict(np.load(sys.argv[1]))
+sessions, grown = [], []
+for path in sys.argv[2:]:
+    before = rss_bytes()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    sessions.append(ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]))
+    sessions[-1].run(None, feeds)
+    grown.append(rss_bytes() - before)
+print(*grown)
+"""
+
+
+def reading(rows, profiles, nodes, decode_only, floors, splits) -> str:
     """The measured facts the tables support, computed from them."""
     def ratio_range(rounds, key_a, key_b):
         return interval(pair_times(rounds, key_a, key_b)[2])
@@ -631,26 +685,8 @@ def reading(rows, profiles, nodes, decode_rounds, floors, splits) -> str:
                      f"({', '.join(only)}) take {own:.1f} µs per call; MatMul, the same work in "
                      f"both graphs, differs by {shared:+.1f} µs; all kernels by "
                      f"{psa['(all kernels)'] - twin['(all kernels)']:+.1f} µs.")
-    dynamic = ratio_range(decode_rounds, ("dynamic", "psa"), ("dynamic", "twin"))
-    decode = ratio_range(decode_rounds, ("decode-only", "psa"), ("decode-only", "twin"))
-    control = ratio_range(decode_rounds, ("copy", "twin"), ("copy", "reference"))
-    lines.append(f"- Decode-only ONNX graph (psa-4m fp32): ratio {decode[0]:.3f} "
-                 f"[{decode[1]:.3f}, {decode[2]:.3f}] against {dynamic[0]:.3f} "
-                 f"[{dynamic[1]:.3f}, {dynamic[2]:.3f}] for the shipped dynamic graph in the "
-                 f"same rounds; A/A "
-                 f"control of the backend call (the twin against a copy of its file, same "
-                 f"rounds): {control[0]:.3f} [{control[1]:.3f}, {control[2]:.3f}].")
-    merged = ratio_range(decode_rounds, ("merged", "psa"), ("merged", "twin"))
-    if_cost = ratio_range(decode_rounds, ("merged", "twin"), ("dynamic", "twin"))
-    lines.append(f"- Merged (psa-4m fp32): PSA / twin {merged[0]:.3f} [{merged[1]:.3f}, "
-                 f"{merged[2]:.3f}]; the merged twin against the shipped twin "
-                 f"{if_cost[0]:.3f} [{if_cost[1]:.3f}, {if_cost[2]:.3f}], what the `If` costs a "
-                 f"decode step.")
-    legacy = ratio_range(decode_rounds, ("legacy I/O", "psa"), ("legacy I/O", "twin"))
-    lines.append(f"- Legacy I/O (psa-4m fp32): with the outputs shipped before 2026-12-03 the "
-                 f"PSA / twin ratio reads {legacy[0]:.3f} [{legacy[1]:.3f}, {legacy[2]:.3f}] "
-                 f"against {dynamic[0]:.3f} [{dynamic[1]:.3f}, {dynamic[2]:.3f}] for the "
-                 f"shipped pair.")
+    for experiment in decode_only:
+        lines += forms_reading(experiment)
     for preset, f in floors.items():
         pieces = f["layers"] * sum(f["units"].values()) * 1e6
         rest = ("the graphs differ by those nodes only (benchmarks.md lists them), so the rest "
@@ -667,18 +703,71 @@ def reading(rows, profiles, nodes, decode_rounds, floors, splits) -> str:
     return "\n".join(lines) + "\n"
 
 
+def forms_table(experiments: list[dict]) -> str:
+    lines = ["| preset | ONNX fp32 graph | nodes PSA / twin | backend call PSA ms | twin ms | "
+             "ratio [95% CI] |", "|---|---|---|---|---|---|"]
+    for e in experiments:
+        for kind in e["forms"]:
+            a, b, ratios = pair_times(e["rounds"], (kind, "psa"), (kind, "twin"))
+            # The merged graph's nodes are the two graphs above, inside its If's branches.
+            counts = ("an If over the two above" if kind == "merged" else
+                      f"{e['nodes'][(kind, 'psa')]} / {e['nodes'][(kind, 'twin')]}")
+            lines.append(f"| {e['preset']} | {kind} | {counts} | {a * 1e3:.4f} | "
+                         f"{b * 1e3:.4f} | {ratio_text(ratios)} |")
+    return "\n".join(lines)
+
+
+def shipping_table(experiments: list[dict]) -> str:
+    lines = ["| preset | shipped graph: file (MB) | its session (MB) | decode-only graph: file "
+             "(MB) | its session added (MB) | merged graph: file (MB) | its session (MB) |",
+             "|---|---|---|---|---|---|---|"]
+    for e in experiments:
+        cells = [f"{e['memory'][kind][field] / 1e6:.1f}" if kind in e["memory"] else "-"
+                 for kind in ("dynamic", "decode-only", "merged")
+                 for field in ("file_bytes", "rss_bytes")]
+        lines.append(f"| {e['preset']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def forms_reading(experiment: dict) -> list[str]:
+    """The reading of one preset's graph forms: each against the shipped dynamic graph."""
+    preset, rounds = experiment["preset"], experiment["rounds"]
+
+    def psa_over_twin(kind: str) -> list[float]:
+        return pair_times(rounds, (kind, "psa"), (kind, "twin"))[2]
+
+    dynamic = ratio_text(psa_over_twin("dynamic"))
+    control = pair_times(rounds, ("copy", "twin"), ("copy", "reference"))[2]
+    low, high = geomean_ci(control)["ci95"]
+    off = "" if low <= 1 <= high else (", whose interval excludes 1: in this run the procedure "
+                                       "itself errs by that much")
+    decode = psa_over_twin("decode-only")
+    lines = [f"- Decode-only ONNX graph ({preset} fp32): ratio {ratio_text(decode)}, "
+             f"{verdict_of(decode).replace('the goal', f'the {GOAL} goal')}, against {dynamic} "
+             f"for the shipped dynamic graph in the same rounds; A/A control of the backend call "
+             f"(the twin against a copy of its file, same rounds): {ratio_text(control)}{off}."]
+    if "merged" in experiment["forms"]:
+        if_cost = pair_times(rounds, ("merged", "twin"), ("dynamic", "twin"))[2]
+        lines.append(f"- Merged ({preset} fp32): PSA / twin {ratio_text(psa_over_twin('merged'))}"
+                     f"; the merged twin against the shipped twin {ratio_text(if_cost)}, what "
+                     f"the `If` costs a decode step.")
+    if "legacy I/O" in experiment["forms"]:
+        lines.append(f"- Legacy I/O ({preset} fp32): with the outputs shipped before 2026-12-03 "
+                     f"the PSA / twin ratio reads {ratio_text(psa_over_twin('legacy I/O'))} "
+                     f"against {dynamic} for the shipped pair.")
+    memory = {kind: cost["rss_bytes"] / 1e6 for kind, cost in experiment["memory"].items()}
+    base = memory["dynamic"]
+    lines.append(f"- What shipping the decode-only graph would cost ({preset} fp32, resident "
+                 f"memory): as a second file, its session adds {memory['decode-only']:.0f} MB to "
+                 f"the shipped session's {base:.0f} MB (+{memory['decode-only'] / base:.0%})" + (
+                     f"; merged, the session holds {memory['merged']:.0f} MB "
+                     f"({memory['merged'] / base - 1:+.0%}), the weights stored once in the "
+                     f"file." if "merged" in memory else "."))
+    return lines
+
+
 def write(rows, profiles, nodes, decode_only, floors, reattach, splits, args, run) -> None:
     (wall, steal), m = run, machine()
-    rounds, graph_nodes = decode_only["rounds"], decode_only["nodes"]
-    decode_lines = ["| psa-4m ONNX fp32 graph | nodes PSA / twin | backend call PSA ms | "
-                    "twin ms | ratio [95% CI] |", "|---|---|---|---|---|"]
-    for kind in FORMS:
-        a, b, ratios = pair_times(rounds, (kind, "psa"), (kind, "twin"))
-        # The merged graph's nodes are the two graphs above, inside its If's branches.
-        counts = ("an If over the two above" if kind == "merged" else
-                  f"{graph_nodes[(kind, 'psa')]} / {graph_nodes[(kind, 'twin')]}")
-        decode_lines.append(f"| {kind} | {counts} | {a * 1e3:.4f} | {b * 1e3:.4f} | "
-                            f"{ratio_text(ratios)} |")
     doc = f"""# Where PSA's decode overhead comes from
 
 Made by `python tools/decode_profile.py --context {args.context} --rounds {args.rounds} \
@@ -732,11 +821,20 @@ one raw-key output per layer (`present.{{i}}.raw_key`, now one output, `present.
 the layers stacked), and the twin returned raw keys it never needs (now gone: the twin's I/O is
 a plain Llama decoder's). "merged" puts the dynamic and the decode-only graph in one file
 behind an `If` on the chunk length, the weights stored once (as Hugging Face Optimum merges its
-decoders), which is how the decode-only graph could ship without a second copy of the weights
-(shipped on its own, as a second file, it would hold a second copy on disk and in memory).
-Backend call at the same context, measured like the table above:
+decoders), which is how the decode-only graph could ship without a second copy of the weights.
+Backend call at the same context, measured like the table above (psa-4m in every form, the
+other presets in the two forms that could fix the shift's cost; fp32 only: an int8 decode-only graph
+would need its own calibration, which psa-edge's ONNX quantization does not do):
 
-{chr(10).join(decode_lines)}
+{forms_table(decode_only)}
+
+What each form would cost to ship, PSA fp32: file size and resident memory after a one-token
+step, each measured in a fresh process. The decode-only graph would ship as a second file with
+its own copy of the weights, its session opened beside the shipped one's (one-token steps on it,
+chunks on the other), so the table gives what its session adds; the merged graph replaces the
+shipped one:
+
+{shipping_table(decode_only)}
 """
     doc += f"""
 ## What the pieces cost in isolation (ONNX Runtime, one thread)
@@ -760,7 +858,7 @@ against the shipped one and the twin (backend call, measured like the first tabl
 
 {reattach_table(reattach)}
 """
-    doc += reading(rows, profiles, nodes, rounds, floors, splits)
+    doc += reading(rows, profiles, nodes, decode_only, floors, splits)
     write_text(REPO / "docs" / "decode-profile.md", doc)
     print(doc)
 
