@@ -240,3 +240,39 @@ def test_bundle_bad_input_leaves_nothing(artifacts, tmp_path):
     with pytest.raises(ArtifactError, match="does not match"):
         write_bundle([tampered], tmp_path / "new")
     assert sorted(os.listdir(tmp_path)) == ["t.onnx", "t.onnx.json", "taken"]
+
+
+def test_xnnpack_perf_assigns_samples_to_their_blocks():
+    """tools/xnnpack_perf.py's reading of `perf script`: each sample goes to the (round, side)
+    whose block holds its timestamp, C++ names are shortened, samples between blocks dropped."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import xnnpack_perf
+
+    lib = "/x/executorch/_portable_lib.cpython-311-x86_64-linux-gnu.so"
+    script = "\n".join([
+        f"    10.100000:      7f00 xnn_reshape_binary_elementwise_nd ({lib})",
+        f"    10.200000:      7f01 [unknown] ({lib})",
+        f"    10.600000:      7f02 [unknown] ({lib})",
+        "    10.700000:      7f03 c10::function_ref<void (char**, long)>::callback_fn<at::L<"
+        "{lambda(float)#1}> > (/t/torch/lib/libtorch_cpu.so)",
+        "    10.800000:      7f04 malloc (/lib/libc.so.6)",
+        "    11.500000:      7f05 malloc (/lib/libc.so.6)",  # after every block
+        "     9.000000:      7f06 malloc (/lib/libc.so.6)",  # before every block
+        "a line that is not a sample"])
+    blocks = [(10.0, 10.5, 0, "psa"), (10.5, 11.0, 0, "twin")]
+    counts = xnnpack_perf.assign(script, blocks)
+    unknown = "[unknown] (_portable_lib.cpython-311-x86_64-linux-gnu.so)"
+    assert counts[0, "psa"] == {
+        "xnn_reshape_binary_elementwise_nd (_portable_lib.cpython-311-x86_64-linux-gnu.so)": 1,
+        unknown: 1}
+    assert counts[0, "twin"] == {unknown: 1, "c10::function_ref::callback_fn (libtorch_cpu.so)": 1,
+                                 "malloc (libc.so.6)": 1}
+    assert [xnnpack_perf.category(f) for f in counts[0, "twin"]] == [
+        "unnamed (stripped) code in ExecuTorch's library, XNNPACK's microkernels among it",
+        "PyTorch (the pybindings' torch tensors)", "allocation (libc)"]
+    # A round's side: 3 samples over 30 µs per call, so each sample stands for 10 µs.
+    side = {"per_call": 30e-6, "functions": counts[0, "twin"]}
+    assert xnnpack_perf.per_call_us(side, "allocation (libc)", xnnpack_perf.category) \
+        == pytest.approx(10.0)
+    mean, half = xnnpack_perf.mean_ci([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 / 3 ** 0.5, rel=1e-3)

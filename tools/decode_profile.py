@@ -784,7 +784,8 @@ geometric mean of the rounds' ratios with its 95% confidence interval. An interv
 contains 1 means the difference is below what this procedure resolves on this machine.
 ExecuTorch's ETDump (time per instruction inside a `.pte`) needs a runtime built with its event
 tracer (`EXECUTORCH_ENABLE_EVENT_TRACER`); the executorch 1.4.1 wheel answers "No etdump data
-found", so the XNNPACK rows are split by layer here and by delegate calls in benchmarks.md.
+found", so the XNNPACK rows are split by layer here, by delegate calls in benchmarks.md and
+by function, from Linux perf's samples, in [xnnpack-profile.md](xnnpack-profile.md).
 
 {layers_table(rows)}
 
