@@ -39,7 +39,7 @@ from bench_presets import (artifact, checkpoint, cpu_times, ratio_text,  # noqa:
                            steal_sentence, steal_share)
 from decode_profile import BLOCK_SECONDS, LAYERS, layer_calls, task_context  # noqa: E402
 from psa_edge.io import write_text  # noqa: E402
-from psa_edge.runtime.bench import T_975, machine, set_threads  # noqa: E402
+from psa_edge.runtime.bench import machine, mean_ci, set_threads  # noqa: E402
 
 SIDES = ("psa", "twin")
 # Where a sampled function belongs, tried in order on "symbol (library)".
@@ -68,6 +68,8 @@ def main() -> None:
                         help="Sampled seconds of decode calls per side and round.")
     parser.add_argument("--frequency", type=int, default=4999, help="perf samples per second.")
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2: the intervals are over rounds")
     if shutil.which("perf") is None:
         sys.exit("xnnpack_perf: needs Linux perf (`perf` on PATH, package linux-tools)")
     started, cpu_before = time.time(), cpu_times()
@@ -175,15 +177,6 @@ def per_call_us(side: dict, key, of=lambda f: f) -> float:
     functions = side["functions"]
     share = sum(n for f, n in functions.items() if of(f) == key) / sum(functions.values())
     return share * side["per_call"] * 1e6
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half width of its 95% confidence interval (t)."""
-    n = len(values)
-    if n < 2:
-        return values[0], float("nan")
-    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
-    return statistics.fmean(values), t * statistics.stdev(values) / n ** 0.5
 
 
 def difference_rows(rounds: list[dict], keys, of=lambda f: f) -> list[tuple]:

@@ -219,16 +219,24 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
+def mean_ci(values) -> tuple[float, float | None]:
+    """Mean of values and the half width of its 95% confidence interval (Student t; None for
+    a single value)."""
+    values = np.asarray(values, dtype=float)
+    mean = float(values.mean())
+    if len(values) < 2:
+        return mean, None
+    df, z = len(values) - 1, 1.960
+    t = T_975[df - 1] if df <= len(T_975) else z + (z ** 3 + z) / (4 * df)
+    return mean, t * float(values.std(ddof=1)) / np.sqrt(len(values))
+
+
 def geomean_ci(ratios: list[float]) -> dict:
     """Geometric mean of ratios and its 95% confidence interval (t over the logs; None for
     a single ratio)."""
-    logs = np.log(ratios)
-    mean = float(logs.mean())
-    if len(logs) < 2:
+    mean, half = mean_ci(np.log(ratios))
+    if half is None:
         return {"geomean": float(np.exp(mean)), "ci95": None}
-    df, z = len(logs) - 1, 1.960
-    t = T_975[df - 1] if df <= len(T_975) else z + (z ** 3 + z) / (4 * df)
-    half = t * float(logs.std(ddof=1)) / np.sqrt(len(logs))
     return {"geomean": float(np.exp(mean)),
             "ci95": [float(np.exp(mean - half)), float(np.exp(mean + half))]}
 
