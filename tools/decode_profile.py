@@ -3,7 +3,7 @@ from, layer by layer of one decoded token, and whether a decode-only ONNX graph 
 
     python tools/decode_profile.py      # about 17 minutes; reuses tools/bench_presets.py's
                                         # artifacts in out/bench/ (exports them if missing,
-                                        # and the shear-bypassed builds: about 10 more)
+                                        # and the variant builds: about 12 more)
 
 Per preset and build (as in docs/benchmarks.md), one thread, at a fixed context of P tokens (the
 state is restored before every call, so each call does the same work), three nested layers of
@@ -22,7 +22,9 @@ what the two candidate fixes would cost to ship is measured (file size and resid
 Finally each piece PSA adds per layer (the shear's Sub/Mul/Add, the shift, the slot input and
 raw-key output) is timed alone in ONNX Runtime, and the sum over the layers is set against the
 measured overhead. The int8 XNNPACK program without `quantize.reattach_shifts` is timed against
-the shipped one. Last, each PSA build is exported again with the shear bypassed and its I/O
+the shipped one, and psa-4m's XNNPACK programs lowered without XNNPACK's edge transforms (the
+no-op expand copies of attention's operands left outside the delegate) against the shipped
+ones, PSA and twin. Last, each PSA build is exported again with the shear bypassed and its I/O
 kept, which splits PSA's overhead into its slot I/O and its shear's ops on every backend.
 """
 
@@ -450,8 +452,9 @@ def main() -> None:
                    for i, preset in enumerate(args.presets)]
     floors = {preset: floor_of(preset, rows, args) for preset in args.presets}
     reattach = reattach_experiment(args)
+    expand = expand_experiment(args)
     splits = split_experiment(args)
-    write(rows, profiles, nodes, decode_only, floors, reattach, splits, args,
+    write(rows, profiles, nodes, decode_only, floors, reattach, expand, splits, args,
           (time.time() - started, steal_share(cpu_before, cpu_times())))
 
 
@@ -488,9 +491,9 @@ def task_context(ckpt: Path, length: int) -> np.ndarray:
 
 
 def patched_export(ckpt: Path, target: str, quant: str | None, label: str, name: str,
-                   replacement) -> Path:
-    """A PSA build exported with the object at dotted `name` replaced (a variant for a
-    comparison, not a shipped artifact), cached in out/bench/ under `label`."""
+                   replacement, twin: bool = False) -> Path:
+    """A PSA build (or its twin) exported with the object at dotted `name` replaced (a variant
+    for a comparison, not a shipped artifact), cached in out/bench/ under `label`."""
     from unittest import mock
 
     from psa_edge.export.pipeline import ExportRequest, run_export
@@ -498,10 +501,11 @@ def patched_export(ckpt: Path, target: str, quant: str | None, label: str, name:
     from psa_edge.io import sha256_file
 
     suffix = ".onnx" if target == "onnx" else ".pte"
+    label += ".twin" if twin else ""
     path = OUT / f"{ckpt.stem}.{target}.{quant or 'fp32'}.{label}{suffix}"
     if not up_to_date(Path(f"{path}.json"), sha256_file(ckpt)):
         with mock.patch(name, replacement):
-            run_export(ExportRequest(ckpt, target, path, MAX_LEN,
+            run_export(ExportRequest(ckpt, target, path, MAX_LEN, twin=twin,
                                      quant=QuantSpec(quant) if quant else None))
     return path
 
@@ -537,6 +541,59 @@ def reattach_table(rounds: list[dict]) -> str:
         ms, twin_ms, ratios = pair_times(rounds, who, "twin")
         lines.append(f"| {who} | {ms * 1e3:.4f} | {ratio_text(ratios)} |")
     lines.append(f"| twin | {twin_ms * 1e3:.4f} | 1 |")
+    return "\n".join(lines)
+
+
+def with_expand_copies(ckpt: Path, quant: str | None, twin: bool) -> Path:
+    """The XNNPACK build lowered without XNNPACK's edge transforms, as psa-edge lowered until
+    2026-12-03: the identity expand_copy nodes of attention's matmuls stay, outside the
+    delegate."""
+    return patched_export(ckpt, "xnnpack", quant, "expand-copies",
+                          "executorch.backends.xnnpack.utils.configs.get_transform_passes",
+                          lambda: None, twin=twin)
+
+
+EXPAND_PAIRS = ((("shipped", "twin"), ("copies", "twin")),
+                (("shipped", "psa"), ("copies", "psa")),
+                (("shipped", "psa"), ("shipped", "twin")),
+                (("copies", "psa"), ("copies", "twin")))
+
+
+def expand_experiment(args) -> dict:
+    """Per XNNPACK build of psa-4m: backend-call rounds of the shipped PSA and twin programs
+    against the same programs with the expand copies left in (EXPAND_PAIRS), and how many
+    expand_copy ops each `decode` left outside the delegate."""
+    ckpt = checkpoint("psa-4m")
+    context = task_context(ckpt, args.context)
+    results = {}
+    for quant in (q for target, q in BUILDS if target == "xnnpack"):
+        paths = {("shipped", who): artifact(ckpt, "xnnpack", quant, who == "twin")
+                 for who in ("psa", "twin")}
+        paths.update((("copies", who), with_expand_copies(ckpt, quant, who == "twin"))
+                     for who in ("psa", "twin"))
+        set_threads(list(paths.values()), 1)
+        copies = {key: json.loads(Path(f"{path}.json").read_text())["delegation"]["methods"]
+                  ["decode"]["ops_outside_delegate"].get("aten_expand_copy_default", {})
+                  .get("count", 0) for key, path in paths.items()}
+        results[quant or "fp32"] = {"copies": copies, "rounds": rounds_of(
+            paths, context, args, backend_call, list(EXPAND_PAIRS))}
+    return results
+
+
+def expand_table(results: dict) -> str:
+    lines = ["| psa-4m XNNPACK `decode` | expand_copy outside the delegate: with the copies / "
+             "shipped | backend call µs: with the copies | shipped | shipped / with the copies "
+             "[95% CI] |", "|---|---|---|---|---|"]
+    for precision, r in results.items():
+        for who, pair in zip(("PSA", "twin"), (EXPAND_PAIRS[1], EXPAND_PAIRS[0])):
+            shipped, copies, ratios = pair_times(r["rounds"], *pair)
+            lines.append(f"| {precision} {who} | {r['copies'][pair[1]]} / "
+                         f"{r['copies'][pair[0]]} | {copies * 1e6:.1f} | {shipped * 1e6:.1f} | "
+                         f"{ratio_text(ratios)} |")
+    lines.append("\nPSA / twin, each pair timed together: " + "; ".join(
+        f"{precision} with the copies {ratio_text(pair_times(r['rounds'], *EXPAND_PAIRS[3])[2])}"
+        f", shipped {ratio_text(pair_times(r['rounds'], *EXPAND_PAIRS[2])[2])}"
+        for precision, r in results.items()) + ".")
     return "\n".join(lines)
 
 
@@ -768,7 +825,8 @@ def forms_reading(experiment: dict) -> list[str]:
     return lines
 
 
-def write(rows, profiles, nodes, decode_only, floors, reattach, splits, args, run) -> None:
+def write(rows, profiles, nodes, decode_only, floors, reattach, expand, splits, args, run
+          ) -> None:
     (wall, steal), m = run, machine()
     doc = f"""# Where PSA's decode overhead comes from
 
@@ -860,6 +918,22 @@ for them, as in fp32. The same psa-4m program exported without that step,
 against the shipped one and the twin (backend call, measured like the first table):
 
 {reattach_table(reattach)}
+
+## XNNPACK: attention's expand copies, removed from every program
+
+`aten.matmul` on 4-D operands decomposes into expand, view and bmm. The expands of attention's
+two matmuls (`query @ keys^T`, `weights @ values`) change no shape, but XNNPACK does not take
+expand_copy, so each ran outside the delegate in ExecuTorch's portable kernel: a copy of a
+layer's whole key or value cache on every step. psa-edge now lowers with XNNPACK's edge transforms
+(`executorch.backends.xnnpack.utils.configs.get_transform_passes`, as ExecuTorch's XNNPACK
+recipe does), which remove such no-op expands before partitioning. The psa-4m programs lowered
+without them, against the shipped ones (backend call, each pair timed like the first table):
+
+{expand_table(expand)}
+
+The copies are of the same caches in PSA and its twin, so removing them speeds up both; PSA's
+own extra per step stays, a larger share of a shorter step. Whether its ratio to the twin moved
+is in the intervals of the line above (each ratio from its own pairs of turns).
 """
     doc += reading(rows, profiles, nodes, decode_only, floors, splits)
     write_text(REPO / "docs" / "decode-profile.md", doc)

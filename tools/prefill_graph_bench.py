@@ -47,7 +47,7 @@ def onnx_runners(model, max_len, tmp):
     from psa_edge.export.onnx_target import export_onnx_program, quiet, serialize_onnx
 
     explicit = Path(tmp) / "explicit.onnx"
-    explicit.write_bytes(serialize_onnx(export_onnx_program(model, max_len)))
+    explicit.write_bytes(serialize_onnx(export_onnx_program(model, max_len).model_proto))
     sessions = [ort.InferenceSession(str(explicit))]
     for state in (True, False):
         full = Path(tmp) / f"full{state}.onnx"
@@ -56,7 +56,7 @@ def onnx_runners(model, max_len, tmp):
                 FullSequence(model, state), (torch.zeros(1, 3, dtype=torch.long),),
                 dynamic_shapes=({1: Dim("seq_len", min=1, max=max_len)},),
                 input_names=["input_ids"], dynamo=True, optimize=True)
-        full.write_bytes(serialize_onnx(program))
+        full.write_bytes(serialize_onnx(program.model_proto))
         sessions.append(ort.InferenceSession(str(full)))
     empty = {n: t.numpy() for n, t in zip(input_names(model.cfg)[1:],
                                           example_inputs(model.cfg, 1, 0)[1:])}
