@@ -3,8 +3,8 @@
 Contract:
 - `export_program(graph, inputs, shapes)` is torch.export (non-strict) of a graph form.
 - `to_edge(programs, target)` runs `to_edge_transform_and_lower` on one program or a dict of
-  methods with the XNNPACK partitioner and XNNPACK's edge transforms (no-op expands removed)
-  for `xnnpack`, neither for `portable`; `lower_pte`
+  methods, no-op expands removed (XNNPACK's edge transforms), with the XNNPACK partitioner for
+  `xnnpack` (none for `portable`); `lower_pte`
   serializes it (methods share their weights: executorch deduplicates the constants, XNNPACK's
   packed ones through its named data store) and returns the program bytes and the delegation
   report of method `forward` (`get_delegation_info`: delegated subgraphs, delegated fraction,
@@ -82,23 +82,23 @@ def runner_metadata(cfg: ModelConfig, max_seq_len: int) -> dict:
 def to_edge(program, target: str, constant_methods: dict | None = None):
     """The EdgeProgramManager of one ExportedProgram or of a dict name -> ExportedProgram:
     XNNPACK-partitioned for `xnnpack`, plain edge ops for portable."""
+    from executorch.backends.xnnpack.utils.configs import get_transform_passes
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    partitioners, passes = [], None
+    partitioners = []
     if target == "xnnpack":
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-        from executorch.backends.xnnpack.utils.configs import get_transform_passes
 
-        # ExecuTorch's XNNPACK recipe: drop the identity expand_copy that aten.matmul's
-        # decomposition puts on attention's operands. Left in, each is a portable copy of a
-        # layer's whole key or value cache on every step, outside the delegate: a sixth of
-        # psa-4m's fp32 decode step at 64 tokens of context, a quarter of its int8 one
-        # (docs/decode-profile.md), and more as the context grows.
-        partitioners, passes = [XnnpackPartitioner()], get_transform_passes()
+        partitioners = [XnnpackPartitioner()]
+    # ExecuTorch's XNNPACK recipe, applied to both targets: drop the identity expand_copy that
+    # aten.matmul's decomposition puts on attention's operands. Left in, each is a portable
+    # copy of a layer's whole key or value cache on every step (outside the delegate in
+    # XNNPACK programs): a sixth of psa-4m's fp32 XNNPACK decode step at 64 tokens of context,
+    # a quarter of its int8 one (docs/decode-profile.md), and more as the context grows.
     with quiet():
         return to_edge_transform_and_lower(
             program, partitioner=partitioners, constant_methods=constant_methods,
-            transform_passes=passes,
+            transform_passes=get_transform_passes(),
             compile_config=EdgeCompileConfig(_check_ir_validity=False))
 
 
