@@ -276,3 +276,35 @@ def test_xnnpack_perf_assigns_samples_to_their_blocks():
         == pytest.approx(10.0)
     mean, half = xnnpack_perf.mean_ci([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(4.303 / 3 ** 0.5, rel=1e-3)
+
+
+def test_overhead_candidates_compute_the_shipped_graphs_numbers():
+    """tools/overhead_candidates.py's builds are timed against the shipped ones as the same
+    computation: on a chunk after a past, each gives the shipped graph's outputs (the ORT-layout
+    graph's raw keys transposed), and the 4-D mean is RMSNorm's."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import overhead_candidates as oc
+
+    from psa_edge.export.graphs import ExplicitStateGraph, example_inputs
+    from psa_edge.model.ops import rms_norm
+
+    model = make_model()
+    layers = model.cfg.num_hidden_layers
+    torch.manual_seed(1)
+    ids, *state = example_inputs(model.cfg, 3, 4)
+    ids = torch.randint(0, model.cfg.vocab_size, ids.shape)
+    state = [torch.randn_like(t) for t in state]
+    shipped = ExplicitStateGraph(model)(ids, *state)
+    caches = [t for i, t in enumerate(state) if i % 3 != 2]
+    slots = torch.cat(state[2::3])
+    assert slots.shape[0] == layers
+    stacked = oc.StackedSlotGraph(model)(ids, *caches, slots)
+    for a, b in zip(shipped, stacked, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    layout = oc.OrtLayoutGraph(model)(ids, *state)
+    for a, b in zip(shipped[:-1], layout[:-1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(layout[-1].transpose(1, 2), shipped[-1], rtol=0, atol=0)
+    x, weight = torch.randn(1, 5, 32), torch.randn(32)
+    torch.testing.assert_close(oc.rms_norm_4d(x, weight, 1e-5), rms_norm(x, weight, 1e-5))
+    assert not torch.equal(stacked[0], ExplicitStateGraph(make_model(seed=2))(ids, *state)[0])
