@@ -308,3 +308,38 @@ def test_overhead_candidates_compute_the_shipped_graphs_numbers():
     x, weight = torch.randn(1, 5, 32), torch.randn(32)
     torch.testing.assert_close(oc.rms_norm_4d(x, weight, 1e-5), rms_norm(x, weight, 1e-5))
     assert not torch.equal(stacked[0], ExplicitStateGraph(make_model(seed=2))(ids, *state)[0])
+
+
+def test_shared_weight_sessions_give_the_shipped_graphs_numbers(artifacts, checkpoints, tmp_path):
+    """tools/shared_weights.py: the decode-only graph's session reads the shipped graph's weights
+    (every weight matrix matched by content, constants kept in their shapes) and gives the
+    shipped graph's logits on a one-token step."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import shared_weights
+
+    from psa_edge.export.onnx_target import export_onnx_program, serialize_onnx
+    from psa_edge.model.checkpoint import load_checkpoint
+    from psa_edge.runtime.graph import open_graph
+    from psa_edge.runtime.session import Session
+
+    model = load_checkpoint(checkpoints["symmetric"])[0].eval()
+    decode_only = tmp_path / "decode-only.onnx"
+    decode_only.write_bytes(serialize_onnx(export_onnx_program(model, MAX_LEN, True)
+                                           .model_proto))
+    shipped = str(artifacts["onnx"])
+    dynamic, decode, (arrays, _), (shared, total) = shared_weights.open_shared(
+        shipped, str(decode_only))
+    own = shared_weights.weights(str(decode_only))
+    assert 0 < shared <= total == len(own)
+    matrices = [a for a in own.values() if a.ndim == 2]
+    assert matrices and all(any(a.shape == b.shape and np.array_equal(a, b)
+                                for b in arrays.values()) for a in matrices)
+    assert {n: a.shape for n, a in arrays.items()} == {
+        n: a.shape for n, a in shared_weights.weights(shipped).items()}
+    session = Session(open_graph(shipped))
+    session.feed(np.arange(5))
+    feeds = {"input_ids": np.array([[3]])}
+    feeds.update((name, session.state[key]) for key, name in session.spec.state_io)
+    expected = session.graph.run(feeds)["logits"]
+    for ort_session in (decode, dynamic):
+        np.testing.assert_allclose(ort_session.run(["logits"], feeds)[0], expected, atol=1e-5)

@@ -435,9 +435,10 @@ measured the same way, {len(runner_control['ratios'][RUNNER_DECODE])} repetition
   operator type, and what the ONNX graph forms without the shift's Concat/Slice measure
   (decode-only, and both graphs merged behind an `If`):
   [decode-profile.md](decode-profile.md) (`tools/decode_profile.py`).
-- Three candidate fixes for that difference, each built, checked to compute the same
+- Four candidate fixes for that difference, each built, checked to compute the same
   numbers and timed against the shipped build (one stacked slot input, RMSNorm's mean in
-  XNNPACK's 4-D form, the keys in ONNX Runtime's layout), and why none is shipped:
+  XNNPACK's 4-D form, the keys in ONNX Runtime's layout, the decode-only ONNX graph in a second
+  session sharing the weights), and why none is shipped:
   [overhead-candidates.md](overhead-candidates.md) (`tools/overhead_candidates.py`).
 """
     (REPO / "docs" / "benchmarks.md").write_text(doc)

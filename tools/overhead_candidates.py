@@ -1,7 +1,7 @@
-"""docs/overhead-candidates.md: three changes that could shrink PSA's decode overhead over its
+"""docs/overhead-candidates.md: four changes that could shrink PSA's decode overhead over its
 gamma = 0 twin, each built, checked to compute the same numbers and timed; none is shipped.
 
-    python tools/overhead_candidates.py   # about 6 minutes (candidate builds included);
+    python tools/overhead_candidates.py   # about 10 minutes (candidate builds included);
                                           # reuses tools/bench_presets.py's artifacts in
                                           # out/bench/ (exports them if missing)
 
@@ -16,7 +16,12 @@ The candidates, each a psa-4m (ONNX: and psa-30m) build of docs/benchmarks.md wi
 - "ORT layout" (ONNX fp32): ONNX Runtime's transpose optimizer computes the keys in
   `[.., S, H, dh]` and adds a Transpose per slot input and one on the raw-key output; this graph
   states that layout itself (each slot reshaped to `[1, 1, Hkv, dh]` and transposed, the raw
-  keys returned as `[layers, S, Hkv, dh]`) so the optimizer cancels those Transposes.
+  keys returned as `[layers, S, Hkv, dh]`) so the optimizer cancels those Transposes;
+- "shared decode-only" (ONNX fp32, PSA and twin): decode-profile.md's decode-only graph (chunk
+  length 1, no shift ops) run for one-token steps in a second session beside the shipped
+  graph's, the two sessions holding one copy of the weights (`SessionOptions.add_initializer`
+  with the same OrtValues; prepacking off, as a session would otherwise pack its own copy):
+  decode step, prefill and resident memory against the shipped session alone.
 Each candidate's numbers are checked against the shipped build on the same inputs (max abs
 logit difference). Timing is tools/decode_profile.py's backend call of one decode step at a
 fixed context, on prebuilt inputs: rounds of freshly opened programs, the load order alternating,
@@ -39,14 +44,16 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import decode_profile as dp  # noqa: E402
-from bench_presets import (OUT, REPO, artifact, checkpoint, cpu_times, ratio_text,  # noqa: E402
-                           steal_sentence, steal_share)
+from bench_presets import (GOAL, OUT, REPO, artifact, checkpoint, cpu_times,  # noqa: E402
+                           ratio_text, steal_sentence, steal_share, verdict_of)
 from psa_edge.export.graphs import ExplicitStateGraph  # noqa: E402
 from psa_edge.io import write_text  # noqa: E402
 from psa_edge.runtime.bench import machine  # noqa: E402
+from shared_weights import open_shared  # noqa: E402
 
 DOC = REPO / "docs" / "overhead-candidates.md"
 PAIRS = [("candidate", "twin"), ("psa", "twin"), ("candidate", "psa")]
+MEMORY_MODES = ("alone", "shared", "shared-prepacked")  # tools/shared_weights.py's
 
 
 class StackedSlotGraph(ExplicitStateGraph):
@@ -150,11 +157,12 @@ def measure(paths: dict, context, args, candidate_call=None) -> list[tuple]:
     `candidate_call(path)` builds the call of an artifact the runtime cannot open (other I/O
     than the exporter writes)."""
     def calls(who, path, ctx):
-        if candidate_call and who == "candidate":
+        if candidate_call and who.startswith("candidate"):
             return {who: candidate_call(path)[0]}
         return dp.backend_call(who, path, ctx)
 
-    dp.set_threads([p for w, p in paths.items() if w != "candidate" or not candidate_call], 1)
+    dp.set_threads([p for w, p in paths.items()
+                    if not (candidate_call and w.startswith("candidate"))], 1)
     pairs = [pair for pair in PAIRS + [("candidate.twin", "twin"), ("candidate", "candidate.twin")]
              if all(who in paths for who in pair)]
     rounds = dp.rounds_of(paths, context, args, calls, pairs)
@@ -218,12 +226,64 @@ def layout_experiment(args, preset: str) -> dict:
             "diff": float(diff), "nodes": {who: ort_nodes(p) for who, p in paths.items()}}
 
 
+def resident_bytes(mode: str, shipped: Path, decode_only: Path, feeds: dict) -> int:
+    """tools/shared_weights.py's reading, from a fresh process (this one has freed memory to
+    reuse, which would hide growth)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(Path(tmp) / "feeds.npz", **feeds)
+        out = subprocess.run([sys.executable, str(Path(__file__).with_name("shared_weights.py")),
+                              str(Path(tmp) / "feeds.npz"), mode, str(shipped),
+                              str(decode_only)], capture_output=True, text=True, check=True,
+                             cwd=REPO).stdout
+    return int(out.split()[-1])
+
+
+def shared_decode_experiment(args, preset: str) -> dict:
+    ckpt = checkpoint(preset)
+    context = dp.task_context(ckpt, args.context)
+    shipped = {who: artifact(ckpt, "onnx", None, who == "twin") for who in ("psa", "twin")}
+    decode_only = {who: dp.decode_only_onnx(ckpt, who == "twin") for who in shipped}
+    feeds = {who: dp.layer_calls(path, context)[1] for who, path in shipped.items()}
+    counts = {}
+
+    def decode_call(path):  # path: the shipped graph of the side
+        who = next(w for w, p in shipped.items() if p == path)
+        pair = open_shared(str(path), str(decode_only[who]))  # the closure keeps the weights
+        counts[who] = pair[3]
+        return (lambda: pair[1].run(None, feeds[who]), None), pair[1].run(["logits"],
+                                                                          feeds[who])[0]
+
+    paths = {**shipped, "candidate": shipped["psa"], "candidate.twin": shipped["twin"]}
+    rows = measure(paths, context, args, decode_call)
+    diff = np.abs(decode_call(shipped["psa"])[1] - shipped_logits(shipped["psa"],
+                                                                  feeds["psa"])).max()
+    prompt = {"input_ids": dp.task_context(ckpt, 128)[None].astype(np.int64),
+              **{n: v[:, :, :0] for n, v in feeds["psa"].items() if n.endswith(("key", "value"))},
+              **{n: np.zeros_like(v) for n, v in feeds["psa"].items() if n.endswith("prev_key")}}
+
+    def prefill_call(who, path, _context):
+        pair = (open_shared(str(path), str(decode_only["psa"])) if who == "candidate"
+                else (dp.ort_session(path),))
+        return {who: (lambda: pair[0].run(None, prompt), None)}
+
+    prefill = dp.rounds_of({"candidate": shipped["psa"], "psa": shipped["psa"]}, context,
+                           args, prefill_call, [("candidate", "psa")])
+    memory = {mode: resident_bytes(mode, shipped["psa"], decode_only["psa"], feeds["psa"])
+              for mode in MEMORY_MODES}
+    return {"preset": preset, "rows": rows, "diff": float(diff), "counts": counts["psa"],
+            "prefill": [("candidate", "psa", *dp.pair_times(prefill, "candidate", "psa"))],
+            "memory": memory}
+
+
 LABEL = {"psa": "shipped PSA", "twin": "twin", "candidate": "candidate PSA",
          "candidate.twin": "candidate twin"}
 
 
-def timing_table(rows: list) -> str:
-    lines = ["| pair (backend call of `decode`) | µs per call | µs per call | ratio [95% CI] |",
+def timing_table(rows: list, timed: str = "backend call of `decode`") -> str:
+    lines = [f"| pair ({timed}) | µs per call | µs per call | ratio [95% CI] |",
              "|---|---|---|---|"]
     lines += [f"| {LABEL[a]} / {LABEL[b]} | {ta * 1e6:.1f} | {tb * 1e6:.1f} | {ratio_text(r)} |"
               for a, b, ta, tb, r in rows]
@@ -234,14 +294,21 @@ def direction(rows: list, a: str = "candidate", b: str = "psa") -> str:
     """Where a's time lies against b's: its 95% interval below 1, above 1, or across 1."""
     from psa_edge.runtime.bench import geomean_ci
 
-    low, high = geomean_ci(next(r for x, y, _, _, r in rows if (x, y) == (a, b)))["ci95"]
+    low, high = geomean_ci(pair_ratios(rows, a, b))["ci95"]
     return "faster" if high < 1 else "slower" if low > 1 else \
         "no difference this procedure resolves"
 
 
+def pair_ratios(rows: list, a: str, b: str) -> list[float]:
+    return next(r for x, y, _, _, r in rows if (x, y) == (a, b))
+
+
+def pair_ratio(rows: list, a: str, b: str) -> str:
+    return ratio_text(pair_ratios(rows, a, b))
+
+
 def effect(rows: list, a: str = "candidate", b: str = "psa") -> str:
-    ratios = next(r for x, y, _, _, r in rows if (x, y) == (a, b))
-    return f"{LABEL[a]} / {LABEL[b]} {ratio_text(ratios)}: {direction(rows, a, b)}"
+    return f"{LABEL[a]} / {LABEL[b]} {pair_ratio(rows, a, b)}: {direction(rows, a, b)}"
 
 
 def node_table(layouts: list[dict]) -> str:
@@ -255,7 +322,55 @@ def node_table(layouts: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write(stacked: dict, means: dict, layouts: list[dict], args, run) -> None:
+def shared_section(shared: list[dict]) -> str:
+    def cell(memory: dict, mode: str) -> str:
+        change = "" if mode == "alone" else f" ({memory[mode] / memory['alone'] - 1:+.0%})"
+        return f"{memory[mode] / 2**20:.1f}{change}"
+
+    lines = ["| preset | shipped session alone (MB) | both sessions, weights shared, prepacking "
+             "off (MB) | both sessions, weights shared, each prepacking (MB) |",
+             "|---|---|---|---|"]
+    lines += [f"| {e['preset']} | " + " | ".join(cell(e["memory"], mode) for mode in MEMORY_MODES)
+              + " |" for e in shared]
+    counts = ", ".join(f"{e['preset']} {e['counts'][0]} of {e['counts'][1]}" for e in shared)
+    timing = "\n\n".join(
+        f"{e['preset']} (max abs logit difference to the shipped graph {e['diff']:.1e}; "
+        f"candidate = the decode-only graph's session):\n\n{timing_table(e['rows'])}\n\n"
+        f"Prefill of 128 tokens on the shipped graph, prepacking off (candidate) against the "
+        f"shipped session:\n\n{timing_table(e['prefill'], 'prefill call')}" for e in shared)
+    return f"""## The decode-only graph beside the shipped one, sharing its weights (ONNX fp32)
+
+[decode-profile.md](decode-profile.md) measured the decode-only graph (chunk length 1, so the
+shift needs no Concat/Slice) faster for PSA, and what a second session with its own copy of the
+weights costs in memory. Here the two sessions hold one copy: the decode-only graph's
+initializers equal in content to one of the shipped graph's are given the shipped session's
+OrtValues ({counts}; the rest are constants of its own; `tools/shared_weights.py`). ONNX
+Runtime packs a MatMul's constant weights once per session, for its GEMM, and frees the
+originals; shared weights it cannot free, so sharing saves memory only with prepacking off
+(ONNX Runtime's container to share packed weights between sessions is in its C API, not in its
+Python one). One-token steps run on the decode-only session, chunks on the shipped graph's.
+Resident memory after a one-token step, each measured in a fresh process:
+
+{chr(10).join(lines)}
+
+{timing}"""
+
+
+def shared_reading(e: dict) -> str:
+    rows, memory = e["rows"], e["memory"]
+    goal = verdict_of(pair_ratios(rows, "candidate", "candidate.twin"))
+    return (f"- Shared decode-only, {e['preset']}: {effect(rows)}; in this form PSA / twin "
+            f"{pair_ratio(rows, 'candidate', 'candidate.twin')}, against the {GOAL} goal: "
+            f"{goal}; twin: {effect(rows, 'candidate.twin', 'twin')}; prefill: "
+            f"{effect(e['prefill'])}; resident memory "
+            f"{memory['shared'] / memory['alone'] - 1:+.0%} (with each session prepacking: "
+            f"{memory['shared-prepacked'] / memory['alone'] - 1:+.0%}). Shipping it would also "
+            "add a second graph to every ONNX artifact, and int8 would need a decode-only graph "
+            "with its own calibration, not built here.")
+
+
+def write(stacked: dict, means: dict, layouts: list[dict], shared: list[dict], args, run
+          ) -> None:
     (wall, steal), m = run, machine()
     parity = "yes" if all(e["parity"] for e in means.values()) else "NO"
     sections = [f"""# Candidate fixes for PSA's decode overhead, measured and not shipped
@@ -301,21 +416,24 @@ a one-token step). Nodes of the graph ONNX Runtime runs after its optimizations:
 {node_table(layouts)}
 
 """ + "\n\n".join(f"{e['preset']} (max abs logit difference to the shipped graph "
-                  f"{e['diff']:.1e}):\n\n{timing_table(e['rows'])}" for e in layouts)]
+                  f"{e['diff']:.1e}):\n\n{timing_table(e['rows'])}" for e in layouts),
+                shared_section(shared)]
     reading = [f"- Stacked slot input: {effect(stacked['rows'])}. Shipping it would change "
                "the slot inputs SPEC §2 fixes per layer."]
     reading += [f"- 4-D mean, {quant}: {effect(e['rows'])}; twin: "
                 f"{effect(e['rows'], 'candidate.twin', 'twin')}; candidate PSA / candidate twin "
-                f"{ratio_text(next(r for a, b, _, _, r in e['rows'] if b == 'candidate.twin'))}."
+                f"{pair_ratio(e['rows'], 'candidate', 'candidate.twin')}."
                 " In `forward` the views to 4-D and back have the dynamic chunk length, so they "
                 "stay outside XNNPACK and split it more (delegate calls above)."
                 for quant, e in means.items()]
     reading += [f"- ORT layout, {e['preset']}: {effect(e['rows'])}. It trades the "
                 "Transposes for Reshapes (node table), and the raw-key output's layout would "
                 "differ between ONNX and ExecuTorch artifacts." for e in layouts]
+    reading += [shared_reading(e) for e in shared]
     candidates = {"the stacked slot input": stacked["rows"],
                   **{f"the 4-D mean ({quant})": e["rows"] for quant, e in means.items()},
-                  **{f"the ORT layout ({e['preset']})": e["rows"] for e in layouts}}
+                  **{f"the ORT layout ({e['preset']})": e["rows"] for e in layouts},
+                  **{f"the shared decode-only graph ({e['preset']})": e["rows"] for e in shared}}
     faster = [name for name, rows in candidates.items() if direction(rows) == "faster"]
     closing = ("No candidate made PSA's decode step measurably faster than the shipped build, "
                "so none is shipped." if not faster else
@@ -338,8 +456,10 @@ def main() -> None:
     means = {quant or "fp32": mean_4d_experiment(args, quant) for quant in (None, "int8")}
     print("4-D mean:", [effect(e["rows"]) for e in means.values()], flush=True)
     layouts = [layout_experiment(args, preset) for preset in ("psa-4m", "psa-30m")]
-    write(stacked, means, layouts, args, (time.time() - started,
-                                          steal_share(cpu_before, cpu_times())))
+    shared = [shared_decode_experiment(args, preset) for preset in ("psa-4m", "psa-30m")]
+    print("shared decode-only:", [effect(e["rows"]) for e in shared], flush=True)
+    write(stacked, means, layouts, shared, args, (time.time() - started,
+                                                  steal_share(cpu_before, cpu_times())))
 
 
 if __name__ == "__main__":
