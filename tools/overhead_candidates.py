@@ -76,7 +76,7 @@ class OrtLayoutGraph(ExplicitStateGraph):
         states = super().layer_states(past)
         for state in states:
             slot = state["prev_key"]
-            state["prev_key"] = slot.reshape(1, 1, *slot.shape[1:2], slot.shape[3]).transpose(1, 2)
+            state["prev_key"] = slot.reshape(1, 1, slot.shape[1], slot.shape[3]).transpose(1, 2)
         return states
 
     def forward(self, input_ids, *past):
