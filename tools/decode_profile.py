@@ -65,6 +65,11 @@ def geomean(ratios) -> float:
     return geomean_ci(list(ratios))["geomean"]
 
 
+def side_of_one(low: float, high: float) -> str:
+    """Where a 95% interval of a time ratio lies: "above" 1, "below" 1 or "across" it."""
+    return "above" if low > 1 else "below" if high < 1 else "across"
+
+
 def interval(ratios) -> tuple[float, float, float]:
     """Geometric mean of per-round ratios and its 95% confidence interval."""
     summary = geomean_ci(list(ratios))
@@ -676,17 +681,9 @@ def memory_costs(paths: dict, feeds: dict) -> dict:
     what the decode-only graph's session adds beside it (a second file with its own copy of the
     weights; one-token steps on it, chunks on the other), and the merged graph alone (when
     measured)."""
-    import subprocess
-    import tempfile
-
     def resident(*graphs: Path) -> list[int]:
         """The resident memory each graph's session adds, opened in turn in one process."""
-        with tempfile.TemporaryDirectory() as tmp:
-            np.savez(Path(tmp) / "feeds.npz", **feeds)
-            out = subprocess.run([sys.executable, "-c", OPEN_SESSIONS, str(Path(tmp) /
-                                  "feeds.npz"), *map(str, graphs)], capture_output=True,
-                                 text=True, check=True, cwd=REPO).stdout
-        return [int(v) for v in out.split()]
+        return [int(v) for v in in_fresh_process(["-c", OPEN_SESSIONS], feeds, *graphs).split()]
 
     shipped, decode = paths[("dynamic", "psa")], paths[("decode-only", "psa")]
     costs = dict(zip(("dynamic", "decode-only"), resident(shipped, decode)))
@@ -694,6 +691,19 @@ def memory_costs(paths: dict, feeds: dict) -> dict:
         costs["merged"] = resident(paths[("merged", "psa")])[0]
     return {kind: {"file_bytes": paths[(kind, "psa")].stat().st_size, "rss_bytes": rss}
             for kind, rss in costs.items()}
+
+
+def in_fresh_process(program: list[str], feeds: dict, *args) -> str:
+    """The stdout of `python PROGRAM FEEDS.npz ARGS...` in a fresh process (this one has freed
+    memory to reuse, which would hide growth), FEEDS.npz holding `feeds`."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(Path(tmp) / "feeds.npz", **feeds)
+        return subprocess.run([sys.executable, *program, str(Path(tmp) / "feeds.npz"),
+                               *map(str, args)], capture_output=True, text=True, check=True,
+                              cwd=REPO).stdout
 
 
 # Run in a fresh process by `memory_costs`: argv = feeds (.npz), then the graphs to open in
@@ -726,9 +736,9 @@ def reading(rows, profiles, nodes, decode_only, floors, splits) -> str:
     lines = ["", "## Reading it", ""]
     for preset, target, precision, rounds in rows:
         mean, low, high = ratio_range(rounds, ("psa", LAYERS[0]), ("twin", LAYERS[0]))
-        verdict = ("PSA slower (the interval is above 1)" if low > 1 else
-                   "PSA faster (the interval is below 1)" if high < 1 else
-                   "not resolved (the interval contains 1)")
+        verdict = {"above": "PSA slower (the interval is above 1)",
+                   "below": "PSA faster (the interval is below 1)",
+                   "across": "not resolved (the interval contains 1)"}[side_of_one(low, high)]
         count = nodes.get((preset, precision)) if target == "onnx" else None
         twin_ms = pair_times(rounds, ("psa", LAYERS[0]), ("twin", LAYERS[0]))[1]
         lines.append(f"- {preset} {target} {precision}: backend call {mean:.3f} "

@@ -35,7 +35,6 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,7 +44,7 @@ import torch  # noqa: E402
 
 import decode_profile as dp  # noqa: E402
 from bench_presets import (GOAL, OUT, REPO, artifact, checkpoint, cpu_times,  # noqa: E402
-                           ratio_text, steal_sentence, steal_share, verdict_of)
+                           ort_node_types, ratio_text, steal_sentence, steal_share, verdict_of)
 from psa_edge.export.graphs import ExplicitStateGraph  # noqa: E402
 from psa_edge.io import write_text  # noqa: E402
 from psa_edge.runtime.bench import machine  # noqa: E402
@@ -175,20 +174,6 @@ def delegate_calls(path: Path) -> str:
     return f"{delegation['delegated_subgraphs']} / {decode['delegated_subgraphs']}"
 
 
-def ort_nodes(path: Path) -> Counter:
-    """Node types of the graph ONNX Runtime runs (after its optimizations)."""
-    import onnx
-    import onnxruntime as ort
-
-    optimized = OUT / "ort-optimized.onnx"
-    options = ort.SessionOptions()
-    options.optimized_model_filepath, options.log_severity_level = str(optimized), 3
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    nodes = Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
-    optimized.unlink()
-    return nodes
-
-
 def stacked_experiment(args) -> dict:
     ckpt = checkpoint("psa-4m")
     context = dp.task_context(ckpt, args.context)
@@ -223,22 +208,13 @@ def layout_experiment(args, preset: str) -> dict:
              "twin": artifact(ckpt, "onnx", None, True)}
     diff = np.abs(ort_call(path, feeds)[1] - shipped_logits(paths["psa"], feeds)).max()
     return {"preset": preset, "rows": measure(paths, context, args, lambda p: ort_call(p, feeds)),
-            "diff": float(diff), "nodes": {who: ort_nodes(p) for who, p in paths.items()}}
+            "diff": float(diff), "nodes": {who: ort_node_types(p) for who, p in paths.items()}}
 
 
 def resident_bytes(mode: str, shipped: Path, decode_only: Path, feeds: dict) -> int:
-    """tools/shared_weights.py's reading, from a fresh process (this one has freed memory to
-    reuse, which would hide growth)."""
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        np.savez(Path(tmp) / "feeds.npz", **feeds)
-        out = subprocess.run([sys.executable, str(Path(__file__).with_name("shared_weights.py")),
-                              str(Path(tmp) / "feeds.npz"), mode, str(shipped),
-                              str(decode_only)], capture_output=True, text=True, check=True,
-                             cwd=REPO).stdout
-    return int(out.split()[-1])
+    """tools/shared_weights.py's reading of `mode`, from a fresh process."""
+    return int(dp.in_fresh_process([str(Path(__file__).with_name("shared_weights.py"))], feeds,
+                                   mode, shipped, decode_only).split()[-1])
 
 
 def shared_decode_experiment(args, preset: str) -> dict:
@@ -291,12 +267,10 @@ def timing_table(rows: list, timed: str = "backend call of `decode`") -> str:
 
 
 def direction(rows: list, a: str = "candidate", b: str = "psa") -> str:
-    """Where a's time lies against b's: its 95% interval below 1, above 1, or across 1."""
-    from psa_edge.runtime.bench import geomean_ci
-
-    low, high = geomean_ci(pair_ratios(rows, a, b))["ci95"]
-    return "faster" if high < 1 else "slower" if low > 1 else \
-        "no difference this procedure resolves"
+    """Where a's time lies against b's."""
+    _, low, high = dp.interval(pair_ratios(rows, a, b))
+    return {"above": "slower", "below": "faster",
+            "across": "no difference this procedure resolves"}[dp.side_of_one(low, high)]
 
 
 def pair_ratios(rows: list, a: str, b: str) -> list[float]:

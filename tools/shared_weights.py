@@ -1,12 +1,13 @@
 """Two ONNX Runtime sessions over one copy of the weights: the shipped graph and its
-decode-only twin graph (tools/overhead_candidates.py's "shared decode-only" candidate).
+decode-only counterpart (tools/overhead_candidates.py's "shared decode-only" candidate).
 
 `open_shared(shipped, decode_only, prepack)` gives each initializer of the decode-only graph
 that equals one of the shipped graph's in content (their names differ between two exports) the
 same OrtValue (`SessionOptions.add_initializer`). With `prepack` off (the default) both sessions
 read those weights as they are; with it on, each session also packs its own copy for its
 MatMuls, as a session with its own weights does (it then frees the originals, which shared
-ones it cannot). Only numpy, onnx and onnxruntime are imported, so that
+ones it cannot). Only numpy, onnx, onnxruntime and psa-edge's torch-free runtime are imported
+(no torch), so that
 
     python tools/shared_weights.py FEEDS.npz MODE SHIPPED.onnx DECODE_ONLY.onnx
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import hashlib
-import os
 import sys
 
 import numpy as np
@@ -62,10 +62,11 @@ def open_shared(shipped: str, decode_only: str, prepack: bool = False) -> tuple:
 def resident() -> int:
     """Resident bytes after returning freed heap to the system (glibc), so that what loading
     the weights left freed does not count."""
+    from psa_edge.runtime.bench import rss_bytes
+
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return rss_bytes()
 
 
 def main() -> None:
