@@ -17,25 +17,28 @@ import typer
 from psa_edge.errors import EXIT_BAD_INPUT, PsaEdgeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
+                  rich_markup_mode=None, context_settings={"max_content_width": 100},
                   help="Train, check and ship small Phase Space Attention transformers.")
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "psa-default.pt"
 
 
-@app.command()
+@app.command(short_help="Train a model; write checkpoint, metrics, curve.")
 def train(
     output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
-    task: str = typer.Option("ih-safari", help="ih-safari, ih-sht or mqar."),
+    task: str = typer.Option("ih-safari", help="ih-safari, ih-sht, ih-offset or mqar."),
     preset: str = typer.Option("tiny", help="tiny, psa-0.5m, psa-4m, psa-30m or psa-92m."),
-    variant: str = typer.Option("key-only", help="baseline, key-only, symmetric, query-only."),
-    gamma: Optional[float] = typer.Option(None, help="Shear strength (default 0.8; 0 for baseline)."),
+    variant: str = typer.Option("key-only", help="baseline, key-only, symmetric or query-only."),
+    gamma: Optional[float] = typer.Option(None, help="Shear strength (default 0.8; 0 for "
+                                          "baseline)."),
     layers: Optional[int] = typer.Option(None, help="Number of layers (default: the preset's)."),
-    steps: int = typer.Option(1000, min=1),
-    seed: int = typer.Option(0),
-    batch_size: int = typer.Option(32, min=1),
-    lr: float = typer.Option(3e-3),
-    eval_every: int = typer.Option(100, min=1),
-    seq_len: Optional[int] = typer.Option(None, help="Task sequence length (default: the task's)."),
+    steps: int = typer.Option(1000, min=1, help="Optimizer steps."),
+    seed: int = typer.Option(0, help="Seed of the weights and of every batch."),
+    batch_size: int = typer.Option(32, min=1, help="Sequences per step."),
+    lr: float = typer.Option(3e-3, help="Peak learning rate (warm-up, then cosine decay)."),
+    eval_every: int = typer.Option(100, min=1, help="Steps between held-out evaluations."),
+    seq_len: Optional[int] = typer.Option(None, help="Task sequence length (default: the "
+                                          "task's)."),
 ) -> None:
     """Train a model on an induction task and write a checkpoint, metrics and a curve."""
     from psa_edge.train.run import TrainSpec, run_training
@@ -49,11 +52,11 @@ def train(
                f"{summary['steps_to_90'] or 'not reached'}")
 
 
-@app.command(name="eval")
+@app.command(name="eval", short_help="Held-out accuracy of a checkpoint.")
 def eval_cmd(
     checkpoint: Path = typer.Argument(..., help="model.pt"),
     task: Optional[str] = typer.Option(None, help="Task (default: the one it was trained on)."),
-    samples: int = typer.Option(512, min=1),
+    samples: int = typer.Option(512, min=1, help="Held-out sequences."),
     seed: int = typer.Option(1234, help="Seed of the held-out sample."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -69,12 +72,13 @@ def eval_cmd(
                f"{result['samples']} held-out samples)")
 
 
-@app.command()
+@app.command(short_help="Export and check an ONNX / ExecuTorch artifact.")
 def export(
     checkpoint: Path = typer.Argument(..., help="model.pt"),
     target: str = typer.Option("xnnpack", help="xnnpack, portable or onnx."),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
-                                          help="Artifact path (default: beside the checkpoint)."),
+                                          help="Artifact folder to write (default: beside the "
+                                          "checkpoint, named after it, the target and form)."),
     max_seq_len: Optional[int] = typer.Option(None, help="Longest sequence the artifact takes "
                                               "(default: the model's max_position_embeddings)."),
     twin: bool = typer.Option(False, "--twin", help="Export the gamma = 0 twin instead."),
@@ -89,28 +93,30 @@ def export(
                                          "measured in docs/quantization.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
-    """Export a checkpoint to ONNX or ExecuTorch, check parity, write artifact + manifest."""
+    """Export a checkpoint to ONNX or ExecuTorch, check it against the float reference, and write
+    the artifact folder (model, tokenizer, manifest) in one step (docs/spec.md §8)."""
+    from psa_edge.display import print_summary
     from psa_edge.export.pipeline import ExportRequest, run_export
     from psa_edge.export.quantize import QuantSpec
-    from psa_edge.export.report import print_summary
 
     quant = (QuantSpec(quantize, calibration_samples, calibration_seed, keep_shear_fp32)
              if quantize else None)
-    manifest = run_export(ExportRequest(checkpoint, target, output, max_seq_len, twin, form,
-                                        quant))
+    request = ExportRequest(checkpoint, target, output, max_seq_len, twin, form, quant)
+    manifest = run_export(request)
     if as_json:
         typer.echo(json.dumps(manifest, indent=2, sort_keys=True))
     else:
-        print_summary(manifest)
+        print_summary(manifest, request.output or request.default_output())
 
 
-@app.command()
+@app.command(short_help="What an artifact holds: I/O, ops, delegation.")
 def inspect(
-    artifact: Path = typer.Argument(..., help=".onnx or .pte with its manifest beside it"),
+    artifact: Path = typer.Argument(..., help="Artifact folder (or the model file in it)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Manifest, I/O signature, op histogram and delegation summary of an artifact."""
-    from psa_edge.export.report import inspect_artifact, print_inspection
+    from psa_edge.display import print_inspection
+    from psa_edge.export.inspect import inspect_artifact
 
     info = inspect_artifact(artifact)
     if as_json:
@@ -119,10 +125,10 @@ def inspect(
         print_inspection(info)
 
 
-@app.command(name="quant-check")
+@app.command(name="quant-check", short_help="Accuracy of an int8 artifact vs the float model.")
 def quant_check_cmd(
     checkpoint: Path = typer.Argument(..., help="model.pt the artifact was exported from"),
-    artifact: Path = typer.Argument(..., help=".onnx or .pte (int8 or float) with its manifest"),
+    artifact: Path = typer.Argument(..., help="Artifact folder, int8 or float."),
     task: Optional[str] = typer.Option(None, help="Task (default: the checkpoint's own)."),
     samples: int = typer.Option(64, help="Held-out sequences."),
     seed: int = typer.Option(1234, help="Seed of the held-out sample."),
@@ -131,9 +137,8 @@ def quant_check_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Accuracy of an (int8) artifact against the float reference; exit 1 past a threshold."""
-    from psa_edge.display import progress_bar
-    from psa_edge.export import quant_check
-    from psa_edge.export.report import quant_check_table
+    from psa_edge.checks import quant_check
+    from psa_edge.display import progress_bar, quant_check_table
 
     plan = quant_check.prepare(checkpoint, artifact, task, samples, seed)
     with progress_bar("quant-check", samples, enabled=not as_json) as advance:
@@ -148,35 +153,39 @@ def quant_check_cmd(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(short_help="Generate tokens, plainly or speculatively.")
 def generate(
-    artifact: Path = typer.Argument(..., help=".onnx / .pte (explicit-state) or model.pt"),
+    artifact: Path = typer.Argument(..., help="Artifact folder (either form), or a model.pt "
+                                    "(its float reference)."),
     prompt: Optional[str] = typer.Option(None, help="Prompt text (one character per token)."),
     prompt_ids: Optional[str] = typer.Option(None, help="Prompt as comma-separated token ids."),
-    max_new_tokens: int = typer.Option(32, "-n", "--max-new-tokens"),
+    max_new_tokens: int = typer.Option(32, "-n", "--max-new-tokens", help="Tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 is greedy."),
-    top_k: Optional[int] = typer.Option(None),
-    top_p: Optional[float] = typer.Option(None),
-    seed: int = typer.Option(0),
+    top_k: Optional[int] = typer.Option(None, help="Sample from the k most likely tokens."),
+    top_p: Optional[float] = typer.Option(None, help="Sample from the smallest set of tokens "
+                                          "whose probability reaches p."),
+    seed: int = typer.Option(0, help="Seed of the sampler."),
     stop: Optional[str] = typer.Option(None, help="Stop characters (each one a stop token)."),
     stream: bool = typer.Option(False, "--stream", help="Print tokens as they come."),
     draft: Optional[Path] = typer.Option(None, help="Draft artifact for speculative decoding."),
     draft_len: int = typer.Option(4, help="Tokens the draft proposes per target call."),
     prompt_lookup: bool = typer.Option(False, "--prompt-lookup",
                                        help="Draft-free speculative decoding by prompt lookup."),
-    threads: Optional[int] = typer.Option(None, help="ONNX Runtime intra-op threads."),
+    threads: Optional[int] = typer.Option(None, help="Backend threads (ONNX Runtime intra-op, "
+                                          "ExecuTorch's threadpool)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Generate tokens with an artifact; optionally speculative (--draft or --prompt-lookup)."""
+    from psa_edge.checks.reference import open_any
     from psa_edge.runtime.run import run_generate
 
-    run_generate(artifact, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+    run_generate(open_any(artifact, threads), str(artifact), prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                  stop, stream, draft, draft_len, prompt_lookup, threads, as_json)
 
 
-@app.command()
+@app.command(short_help="Check cache parity, reuse, rollback, speculation.")
 def verify(
-    artifact: Path = typer.Argument(..., help=".onnx or .pte (explicit-state form)"),
+    artifact: Path = typer.Argument(..., help="Artifact folder (either form)."),
     reference: Optional[Path] = typer.Option(None, help="Float reference model.pt (default: "
                                              "the checkpoint the manifest names)."),
     twin: Optional[Path] = typer.Option(None, help="The gamma = 0 twin artifact, for the "
@@ -184,9 +193,9 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """KV-cache parity, prefix reuse, rollback and speculative decoding against the float
-    reference (SPEC §3-4); exit 1 unless every check passes."""
+    reference (docs/spec.md §3, §5); exit 1 unless every check passes."""
+    from psa_edge.checks.verify import verify as run_verify
     from psa_edge.display import verify_table
-    from psa_edge.export.verify import verify as run_verify
 
     report = run_verify(artifact, reference, twin)
     if as_json:
@@ -197,9 +206,9 @@ def verify(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(short_help="Prefill and decode tokens/s, PSA vs its twin.")
 def bench(
-    artifact: Path = typer.Argument(..., help=".onnx or .pte (explicit-state or runner form)"),
+    artifact: Path = typer.Argument(..., help="Artifact folder (either form)."),
     vs: Optional[Path] = typer.Option(
         None, "--vs", help="The gamma = 0 twin: run interleaved, both opened afresh every "
         "repetition; PSA/twin ratios with their 95% interval."),
@@ -232,9 +241,9 @@ def bench(
         bench_plot([report], plot)
 
 
-@app.command()
+@app.command(short_help="Write a folder to copy to a Pi or a phone.")
 def bundle(
-    artifacts: list[Path] = typer.Argument(..., help="Artifacts (.onnx / .pte) to bundle."),
+    artifacts: list[Path] = typer.Argument(..., help="Artifact folders to bundle."),
     output: Path = typer.Option(..., "-o", "--output", help="Folder to write (new or empty)."),
 ) -> None:
     """Write a self-contained folder to copy to a device: artifacts, the torch-free runtime,
@@ -246,7 +255,7 @@ def bundle(
                f"{len(record['files'])} files; see {output}/README.md")
 
 
-@app.command()
+@app.command(short_help="Check the paper's operator claims numerically.")
 def certify(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Executable certificates of the paper's operator-level claims; exit 1 if one fails."""
     from rich.table import Table
@@ -267,7 +276,7 @@ def certify(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(short_help="Walk the pipeline on the shipped model.")
 def demo(
     checkpoint: Path = typer.Option(DEFAULT_MODEL, help="Checkpoint to walk through."),
 ) -> None:

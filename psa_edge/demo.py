@@ -69,12 +69,12 @@ def export_step(console: Console, checkpoint: Path, tokens, reference) -> None:
 
     import numpy as np
 
+    from psa_edge.checks.reference import feed_chunks
     from psa_edge.export.pipeline import ExportRequest, run_export
-    from psa_edge.runtime.decode import decode_chunks
-    from psa_edge.runtime.graph import open_graph
+    from psa_edge.runtime.session import open_session
 
     with tempfile.TemporaryDirectory() as tmp:
-        for step, target, name in ((5, "onnx", "model.onnx"), (6, "xnnpack", "model.xnnpack.pte")):
+        for step, target, name in ((5, "onnx", "model-onnx"), (6, "xnnpack", "model-xnnpack")):
             m = run_export(ExportRequest(checkpoint, target, Path(tmp) / name))
             err = max(m["parity"]["max_abs_logit_error"].values())
             extra = ""
@@ -84,8 +84,8 @@ def export_step(console: Console, checkpoint: Path, tokens, reference) -> None:
             console.print(f"{step}. psa-edge export --target {target}: {m['size_bytes'] / 1e6:.2f} MB "
                           f"in {m['export_seconds']} s, parity probe max |dlogit| {err:.1e}"
                           f"{extra}")
-        graph = open_graph(Path(tmp) / "model.onnx")
-        logits, _ = decode_chunks(graph, tokens, [1] * len(tokens))
+        session = open_session(Path(tmp) / "model-onnx")
+        logits = feed_chunks(session, tokens, [1] * len(tokens))
         console.print(f"7. ONNX Runtime, token by token over the {len(tokens)}-token example: "
                       f"max |dlogit| vs eager {np.abs(logits - reference).max():.2e}, "
                       f"prediction {int(logits[-1].argmax())}")
@@ -93,31 +93,31 @@ def export_step(console: Console, checkpoint: Path, tokens, reference) -> None:
 
 
 def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None:
-    from psa_edge.export import quant_check
+    from psa_edge.checks import quant_check
+    from psa_edge.checks.verify import verify
     from psa_edge.export.pipeline import ExportRequest, run_export
     from psa_edge.export.quantize import QuantSpec
-    from psa_edge.export.verify import verify
     from psa_edge.runtime.bench import BenchSpec, run_bench
     from psa_edge.runtime.generate import generate
     from psa_edge.runtime.session import open_session
     from psa_edge.runtime.speculative import PromptLookupDrafter, speculative_generate
 
-    int8 = run_export(ExportRequest(checkpoint, "onnx", tmp / "model.int8.onnx",
+    int8 = run_export(ExportRequest(checkpoint, "onnx", tmp / "model-onnx-int8",
                                     quant=QuantSpec("int8")))
-    check = quant_check.run(quant_check.prepare(checkpoint, tmp / "model.int8.onnx",
+    check = quant_check.run(quant_check.prepare(checkpoint, tmp / "model-onnx-int8",
                                                 samples=16))
     m = check["metrics"]
     console.print(f"8. --quantize int8 (ONNX): {int8['size_bytes'] / 1e6:.2f} MB; quant-check on 16 "
                   f"held-out sequences: accuracy {m['accuracy_float']:.3f} -> "
                   f"{m['accuracy_artifact']:.3f}, top-1 agreement {m['top1_agreement']:.3f}, "
                   f"mean KL {m['kl_mean']:.1e} -> {'PASS' if check['passed'] else 'FAIL'}")
-    run_export(ExportRequest(checkpoint, "onnx", tmp / "model.twin.onnx", twin=True))
-    report = verify(tmp / "model.onnx", checkpoint, tmp / "model.twin.onnx")
+    run_export(ExportRequest(checkpoint, "onnx", tmp / "model-onnx-twin", twin=True))
+    report = verify(tmp / "model-onnx", checkpoint, tmp / "model-onnx-twin")
     cache = report["cache"][-1]
     console.print(f"9. verify: {', '.join(c['name'].split('. ')[1] + (' ok' if c['passed'] else ' FAIL') for c in report['checks'])}; "
                   f"KV cache at {cache['length']} tokens {cache['psa_cache_bytes']:,} B = twin's "
-                  f"{cache['twin_cache_bytes']:,} B, plus a {cache['slot_bytes']:,} B slot")
-    session = open_session(tmp / "model.onnx")
+                  f"{cache['twin_cache_bytes']:,} B, plus a {cache['extra_bytes']:,} B slot")
+    session = open_session(tmp / "model-onnx")
     prompt = tokens[:128]
     plain = generate(session, prompt, 32)
     spec = speculative_generate(session, PromptLookupDrafter(), prompt, 32)
@@ -125,10 +125,15 @@ def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None
                   f"{spec.stats['drafted']} drafts accepted, "
                   f"{spec.stats['tokens_per_target_call']:.1f} tokens per target call, output "
                   f"{'identical to' if spec.tokens == plain.tokens else 'DIFFERENT from'} greedy")
-    bench = run_bench(tmp / "model.onnx", BenchSpec(prompt=64, gen=32, reps=3, threads=1),
-                      tmp / "model.twin.onnx")
+    bench = run_bench(tmp / "model-onnx", BenchSpec(prompt=64, gen=32, reps=3, threads=1),
+                      tmp / "model-onnx-twin")
     a, b = bench["results"]
-    ratio = bench["ratio_psa_over_twin"]["tg32_latency_p50"]["median"]
+    ratio = bench["ratio_psa_over_twin"]["tg32_latency_p50"]
+    interval = (f" (95% interval {ratio['ci95'][0]:.3f}-{ratio['ci95'][1]:.3f})"
+                if ratio["ci95"] else "")
     console.print(f"11. bench (ONNX Runtime, 1 thread, interleaved with the twin): decode "
-                  f"{a['tg32']['tokens_per_second']:.0f} vs {b['tg32']['tokens_per_second']:.0f} "
-                  f"tokens/s, PSA/twin p50 latency ratio {ratio:.3f}")
+                  f"{a['tg32']['tokens_per_second']:.0f} tokens/s with the shear, "
+                  f"{b['tg32']['tokens_per_second']:.0f} without; a decode step takes "
+                  f"{ratio['geomean']:.3f}x the twin's time{interval}: the shear's cost "
+                  f"(1.000 = none; 3 repetitions of a noisy measurement, docs/benchmarks.md has "
+                  f"the careful one)")

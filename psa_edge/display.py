@@ -1,7 +1,9 @@
-"""Terminal presentation shared by the commands: progress bars (rich only, no torch).
+"""Terminal presentation of the commands: progress bars and tables (rich only, no torch).
 
 Contract: `progress_bar(label, total, enabled)` is a context manager yielding `advance()`;
-with `enabled=False` (e.g. under `--json`) it draws nothing and `advance` does nothing.
+with `enabled=False` (e.g. under `--json`) it draws nothing and `advance` does nothing. The
+other functions print one command's report (export summary, inspect, quant-check, verify,
+bench) from the plain dict the library returned.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+
+from rich.table import Table
 
 
 def make_console(stderr: bool = False):
@@ -34,12 +38,12 @@ def progress_bar(label: str, total: int, enabled: bool = True):
 
 
 def verify_table(report: dict) -> None:
-    from rich.table import Table
-
     console = make_console()
-    reference = os.path.relpath(report["reference"])
+    reference = report["reference"]
+    if os.path.exists(reference):
+        reference = os.path.relpath(reference)
     checks = Table("check", "what", "measured", "tolerance", "result",
-                   title=f"verify {report['artifact']} ({report['backend']}, "
+                   title=f"verify {report['artifact']} ({report['backend']}, {report['form']}, "
                          f"{report['quantization']}) against {reference}")
     for c in report["checks"]:
         what = c["detail"] + (f" [{c['note']}]" if c["note"] else "")
@@ -47,10 +51,10 @@ def verify_table(report: dict) -> None:
                        "[green]PASS[/]" if c["passed"] else "[red]FAIL[/]")
     console.print(checks)
     cache = Table("length", "twin KV cache (bytes)", "PSA KV cache (bytes)",
-                  "PSA extra slot (bytes)", "ratio", title=f"KV-cache size ({report['twin']})")
+                  "PSA extra state (bytes)", "ratio", title=f"KV-cache size ({report['twin']})")
     for row in report["cache"]:
         cache.add_row(str(row["length"]), f"{row['twin_cache_bytes']:,}",
-                      f"{row['psa_cache_bytes']:,}", f"{row['slot_bytes']:,}",
+                      f"{row['psa_cache_bytes']:,}", f"{row['extra_bytes']:,}",
                       f"{row['ratio']:.3f}")
     console.print(cache)
     console.print("PASS: every check" if report["passed"] else "FAIL: see the table")
@@ -109,8 +113,6 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def bench_tables(report: dict, markdown: bool = False) -> None:
-    from rich.table import Table
-
     header, rows = bench_rows(report)
     m = report["machine"]
     machine = (f"{m['cpu']}, {m['cores']} cores, {m['arch']}, {m['os']}; peak RSS "
@@ -176,3 +178,91 @@ def bench_plot(reports: list[dict], path) -> None:
     with atomic_output(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
+
+
+def print_summary(manifest: dict, output) -> None:
+    console = make_console()
+    parity = manifest["parity"]
+    errors = parity["max_abs_logit_error"]
+    console.print(f"wrote [bold]{output}[/] ({manifest['size_bytes'] / 1e6:.2f} MB, "
+                  f"{manifest['target']}, {manifest['form']}, {manifest['variant']} "
+                  f"gamma_k={manifest['gamma_k']} gamma_q={manifest['gamma_q']}, "
+                  f"max_seq_len {manifest['max_seq_len']}) in {manifest['export_seconds']} s")
+    agreement = ""
+    if parity.get("min_agreement") is not None:
+        a, d = parity["argmax_agreement"], parity["decided_argmax_agreement"]
+        agreement = (f"; argmax agreement {a['all_at_once']:.3f} / {a['token_by_token']:.3f}, "
+                     f"on the {parity['decided_positions']} decided positions "
+                     f"{d['all_at_once']:.3f} / {d['token_by_token']:.3f} (needs >= "
+                     f"{parity['min_agreement']})")
+    console.print(f"parity vs eager fp32 on a {parity['probe_len']}-token probe: max |dlogit| "
+                  f"all at once {errors['all_at_once']:.2e}, token by token "
+                  f"{errors['token_by_token']:.2e} (tolerance {parity['tolerance']:.2e})"
+                  f"{agreement} -> {'PASS' if parity['passed'] else 'FAIL'}")
+    if manifest.get("quantization"):
+        qrec = manifest["quantization"]
+        console.print(f"quantization {qrec['scheme']}: weights {qrec['weights']}, activations "
+                      f"{qrec['activations']}; quantized ops {qrec['quantized_ops']}; shear "
+                      f"{'fp32' if qrec['keep_shear_fp32'] else 'int8'}")
+    if manifest.get("delegation"):
+        print_delegation(console, manifest["delegation"])
+
+
+def print_delegation(console, d: dict) -> None:
+    console.print(f"delegation: {d['delegated_subgraphs']} {d['backend']} subgraph(s), "
+                  f"{d['delegated_nodes']} of {d['delegated_nodes'] + d['non_delegated_nodes']} "
+                  f"nodes delegated ({100 * d['delegated_fraction']:.1f}%)")
+    if d["ops_outside_delegate"]:
+        table = Table("op outside the delegate", "count", "why")
+        for op, entry in d["ops_outside_delegate"].items():
+            table.add_row(op, str(entry["count"]), entry["why"] or "[red]unexplained[/]")
+        console.print(table)
+
+
+def print_inspection(info: dict) -> None:
+    console = make_console()
+    m = info["manifest"]
+    head = Table(title=f"{Path(info['artifact']).name}", show_header=False)
+    for key in ("target", "form", "variant", "gamma_q", "gamma_k", "twin", "max_seq_len",
+                "quantization", "size_bytes"):
+        head.add_row(key, str(m.get(key)))
+    head.add_row("source checkpoint", f"{m['source_checkpoint']['checkpoint']} "
+                 f"(sha256 {m['source_checkpoint']['sha256'][:12]}...)")
+    head.add_row("parity max abs err", str(m["parity"]["max_abs_logit_error"]))
+    console.print(head)
+    io = Table("kind", "name", "shape", "dtype", title="I/O signature")
+    for e in info["io"]:
+        io.add_row(e["kind"], e["name"], str(e["shape"]), e["dtype"])
+    console.print(io)
+    ops = Table("op", "count", title="op histogram")
+    for op, count in info["ops"].items():
+        ops.add_row(op, str(count))
+    console.print(ops)
+    if info["delegation"]:
+        print_delegation(console, info["delegation"])
+
+
+def quant_check_table(result: dict) -> None:
+    m = result["metrics"]
+    console = make_console()
+    task = result["task"]
+    table = Table("metric", "float (reference)", f"artifact ({result['quantization']})", "delta",
+                  title=f"quant-check {Path(result['artifact']).name}: {task['name']}, "
+                        f"{result['samples']} held-out sequences x {result['tokens_per_sample']}"
+                        f" tokens, token by token")
+    table.add_row("task accuracy", f"{m['accuracy_float']:.4f}", f"{m['accuracy_artifact']:.4f}",
+                  f"{m['accuracy_delta_points']:+.2f} points")
+    table.add_row("target perplexity (scored positions)", f"{m['target_perplexity_float']:.4f}",
+                  f"{m['target_perplexity_artifact']:.4f}",
+                  f"x {m['target_perplexity_ratio']:.4f}")
+    for label, value in (("top-1 agreement", f"{m['top1_agreement']:.4f}"),
+                         ("KL(float || artifact) mean / p99 / max",
+                          f"{m['kl_mean']:.2e} / {m['kl_p99']:.2e} / {m['kl_max']:.2e}"),
+                         ("RMS dp on the reference's top token", f"{m['rms_dp_top']:.4f}"),
+                         ("max abs logit error", f"{m['max_abs_logit_error']:.4f}")):
+        table.add_row(label, "", value, "")
+    console.print(table)
+    limits = result["thresholds"]
+    verdict = "PASS" if result["passed"] else "FAIL"
+    console.print(f"{verdict}: accuracy drop <= {limits['max_acc_drop']:g} points and top-1 "
+                  f"agreement >= {limits['min_top1']:g}")

@@ -1,7 +1,10 @@
 """Shared fixtures: tiny models of each variant and their exported artifacts, built once per
-session (the export and runtime tests share the artifacts)."""
+session (the export and runtime tests share the artifacts). Exports run two at a time in worker
+processes (`export_all`): lowering to ExecuTorch is most of the suite's time."""
 
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -62,17 +65,71 @@ def checkpoints(tmp_path_factory):
     return out
 
 
+def one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
-def artifacts(checkpoints, tmp_path_factory):
-    from psa_edge.export.pipeline import ExportRequest, run_export
+def export_pool():
+    # spawn: a forked child of a process whose OpenMP pool is running can deadlock.
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=one_thread) as pool:
+        yield pool
+
+
+def export_all(pool, requests: dict) -> dict:
+    """Run `run_export` on every request in the pool; name -> artifact folder."""
+    from psa_edge.export.pipeline import run_export
+
+    # Longest first (two-method XNNPACK programs, then other ExecuTorch ones, then ONNX), so
+    # the two workers finish together.
+    cost = lambda item: (item[1].target != "xnnpack" or item[1].form == "runner",  # noqa: E731
+                         item[1].target == "onnx")
+    futures = {name: pool.submit(run_export, request)
+               for name, request in sorted(requests.items(), key=cost)}
+    for future in futures.values():
+        future.result()
+    return {name: request.output for name, request in requests.items()}
+
+
+@pytest.fixture(scope="session")
+def artifacts(checkpoints, tmp_path_factory, export_pool):
+    from psa_edge.export.pipeline import ExportRequest
 
     root = tmp_path_factory.mktemp("artifacts")
-    out = {}
-    for name, (variant, target, twin, form) in CASES.items():
-        suffix = ".onnx" if target == "onnx" else ".pte"
-        path = root / f"{name}{suffix}"
-        run_export(ExportRequest(checkpoints[variant], target, path, MAX_LEN, twin, form))
-        out[name] = path
-    return out
+    return export_all(export_pool, {
+        name: ExportRequest(checkpoints[variant], target, root / name, MAX_LEN, twin, form)
+        for name, (variant, target, twin, form) in CASES.items()})
 
 
+
+
+def manifest_of(artifact):
+    """The manifest of an artifact folder."""
+    import json
+
+    return json.loads((Path(artifact) / "manifest.json").read_text())
+
+
+def model_file(artifact):
+    """The model file inside an artifact folder."""
+    return next(Path(artifact) / n for n in ("model.onnx", "model.pte")
+                if (Path(artifact) / n).exists())
+
+
+def copy_artifact(artifact, dest):
+    import shutil
+
+    shutil.copytree(artifact, dest)
+    return Path(dest)
+
+
+def cli(*args, cwd=None, timeout=300):
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)

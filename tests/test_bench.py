@@ -1,4 +1,4 @@
-"""`psa-edge bench` and `psa-edge bundle` (SPEC §6): every reported field, the --vs contract,
+"""`psa-edge bench` and `psa-edge bundle` (docs/spec.md §7): every reported field, the --vs contract,
 the runner form with ExecuTorch's own runner, FLOPs against an independent count, and the
 bundle running torch-free from its own copy of the runtime."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MAX_LEN, REPO, make_model
+from conftest import MAX_LEN, REPO, cli, copy_artifact, make_model
 from psa_edge.display import bench_tables
 from psa_edge.errors import ArtifactError, OutputError, SequenceError
 from psa_edge.runtime.bench import (BenchSpec, Runner, decode_in_turns, flops_per_token,
@@ -20,12 +20,6 @@ from psa_edge.runtime.bench import (BenchSpec, Runner, decode_in_turns, flops_pe
 from psa_edge.runtime.bundle import write_bundle
 
 SMALL = BenchSpec(prompt=8, gen=8, reps=1)
-
-
-def cli(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
 
 
 def test_bench_json_has_every_field(artifacts, tmp_path):
@@ -41,7 +35,8 @@ def test_bench_json_has_every_field(artifacts, tmp_path):
     assert (psa["label"], twin["label"]) == ("artifact", "twin")
     for r in (psa, twin):
         assert r["backend"] == "onnxruntime" and r["precision"] == "fp32"
-        assert r["size_bytes"] == os.path.getsize(r["artifact"]) and "load_rss_bytes" in r
+        assert r["size_bytes"] == os.path.getsize(f"{r['artifact']}/model.onnx")
+        assert "load_rss_bytes" in r
         assert r["pp8"]["tokens_per_second"] > 0 and r["pp8"]["ttft_ms_mean"] > 0
         assert 0 < r["tg8"]["latency_ms_p50"] <= r["tg8"]["latency_ms_p90"]
         assert r["tg8"]["stddev"] == 0.0  # one repetition
@@ -131,7 +126,7 @@ def test_bench_executorch_and_its_own_runner(artifacts, capsys):
     bench_tables(runner, markdown=True)
     shown = capsys.readouterr().out
     assert "| executorch runner decode time per token |" in shown
-    for name in ("runner.pte", "runner-twin.pte"):
+    for name in ("runner", "runner-twin"):
         assert f"ExecuTorch TextLLMRunner on {name} (its own Stats)" in shown
     alone = run_bench(artifacts["runner"], BenchSpec(prompt=8, gen=8, reps=1))
     assert "ratio_psa_over_twin" not in alone and alone["results"][0]["executorch_runner"]
@@ -144,8 +139,8 @@ def other_config(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("other")
     save_checkpoint(root / "one-layer.pt", make_model("baseline"), {})
-    run_export(ExportRequest(root / "one-layer.pt", "onnx", root / "one-layer.onnx", MAX_LEN))
-    return root / "one-layer.onnx"
+    run_export(ExportRequest(root / "one-layer.pt", "onnx", root / "one-layer", MAX_LEN))
+    return root / "one-layer"
 
 
 def test_vs_refuses_what_is_not_the_twin(artifacts, other_config):
@@ -204,7 +199,7 @@ def test_bundle_runs_bench_torch_free(artifacts, tmp_path):
     out = tmp_path / "bundle"
     record = write_bundle([artifacts["onnx"], artifacts["onnx-twin"], artifacts["runner"]], out)
     files = set(record["files"])
-    assert {"models/onnx.onnx", "models/onnx.onnx.json", "models/runner.tokenizer.json",
+    assert {"models/onnx/model.onnx", "models/onnx/manifest.json", "models/runner/tokenizer.json",
             "psa_edge/runtime/bench.py", "psa-edge", "requirements-onnx.txt",
             "requirements-executorch.txt", "README.md"} <= files
     assert not any(f.startswith(("psa_edge/model", "psa_edge/export", "psa_edge/train"))
@@ -213,9 +208,8 @@ def test_bundle_runs_bench_torch_free(artifacts, tmp_path):
     assert "onnxruntime==" in requirements and "torch" not in requirements
     readme = (out / "README.md").read_text()
     assert "Raspberry Pi" in readme and "Termux" in readme and "llama_main" in readme
-    script = without_editable_install(out, ["bench", "models/onnx.onnx", "--vs",
-                                            "models/onnx-twin.onnx", "-p", "8", "-n", "8", "-r",
-                                            "1", "--json"])
+    script = without_editable_install(out, ["bench", "models/onnx", "--vs", "models/onnx-twin",
+                                            "-p", "8", "-n", "8", "-r", "1", "--json"])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=out, env=env, timeout=120)
@@ -234,112 +228,9 @@ def test_bundle_bad_input_leaves_nothing(artifacts, tmp_path):
     (taken / "file").write_text("x")
     with pytest.raises(OutputError, match="not an empty folder"):
         write_bundle([artifacts["onnx"]], taken)
-    tampered = tmp_path / "t.onnx"
-    tampered.write_bytes(artifacts["onnx"].read_bytes() + b"x")
-    (tmp_path / "t.onnx.json").write_text(open(f"{artifacts['onnx']}.json").read())
+    tampered = copy_artifact(artifacts["onnx"], tmp_path / "t")
+    with open(tampered / "model.onnx", "ab") as f:
+        f.write(b"x")
     with pytest.raises(ArtifactError, match="does not match"):
         write_bundle([tampered], tmp_path / "new")
-    assert sorted(os.listdir(tmp_path)) == ["t.onnx", "t.onnx.json", "taken"]
-
-
-def test_xnnpack_perf_assigns_samples_to_their_blocks():
-    """tools/xnnpack_perf.py's reading of `perf script`: each sample goes to the (round, side)
-    whose block holds its timestamp, C++ names are shortened, samples between blocks dropped."""
-    sys.path.insert(0, str(REPO / "tools"))
-    import xnnpack_perf
-
-    lib = "/x/executorch/_portable_lib.cpython-311-x86_64-linux-gnu.so"
-    script = "\n".join([
-        f"    10.100000:      7f00 xnn_reshape_binary_elementwise_nd ({lib})",
-        f"    10.200000:      7f01 [unknown] ({lib})",
-        f"    10.600000:      7f02 [unknown] ({lib})",
-        "    10.700000:      7f03 c10::function_ref<void (char**, long)>::callback_fn<at::L<"
-        "{lambda(float)#1}> > (/t/torch/lib/libtorch_cpu.so)",
-        "    10.800000:      7f04 malloc (/lib/libc.so.6)",
-        "    11.500000:      7f05 malloc (/lib/libc.so.6)",  # after every block
-        "     9.000000:      7f06 malloc (/lib/libc.so.6)",  # before every block
-        "a line that is not a sample"])
-    blocks = [(10.0, 10.5, 0, "psa"), (10.5, 11.0, 0, "twin")]
-    counts = xnnpack_perf.assign(script, blocks)
-    unknown = "[unknown] (_portable_lib.cpython-311-x86_64-linux-gnu.so)"
-    assert counts[0, "psa"] == {
-        "xnn_reshape_binary_elementwise_nd (_portable_lib.cpython-311-x86_64-linux-gnu.so)": 1,
-        unknown: 1}
-    assert counts[0, "twin"] == {unknown: 1, "c10::function_ref::callback_fn (libtorch_cpu.so)": 1,
-                                 "malloc (libc.so.6)": 1}
-    assert [xnnpack_perf.category(f) for f in counts[0, "twin"]] == [
-        "unnamed (stripped) code in ExecuTorch's library, XNNPACK's microkernels among it",
-        "PyTorch (the pybindings' torch tensors)", "allocation (libc)"]
-    # A round's side: 3 samples over 30 µs per call, so each sample stands for 10 µs.
-    side = {"per_call": 30e-6, "functions": counts[0, "twin"]}
-    assert xnnpack_perf.per_call_us(side, "allocation (libc)", xnnpack_perf.category) \
-        == pytest.approx(10.0)
-    mean, half = xnnpack_perf.mean_ci([1.0, 2.0, 3.0])
-    assert mean == 2.0 and half == pytest.approx(4.303 / 3 ** 0.5, rel=1e-3)
-
-
-def test_overhead_candidates_compute_the_shipped_graphs_numbers():
-    """tools/overhead_candidates.py's builds are timed against the shipped ones as the same
-    computation: on a chunk after a past, each gives the shipped graph's outputs (the ORT-layout
-    graph's raw keys transposed), and the 4-D mean is RMSNorm's."""
-    sys.path.insert(0, str(REPO / "tools"))
-    import overhead_candidates as oc
-
-    from psa_edge.export.graphs import ExplicitStateGraph, example_inputs
-    from psa_edge.model.ops import rms_norm
-
-    model = make_model()
-    layers = model.cfg.num_hidden_layers
-    torch.manual_seed(1)
-    ids, *state = example_inputs(model.cfg, 3, 4)
-    ids = torch.randint(0, model.cfg.vocab_size, ids.shape)
-    state = [torch.randn_like(t) for t in state]
-    shipped = ExplicitStateGraph(model)(ids, *state)
-    caches = [t for i, t in enumerate(state) if i % 3 != 2]
-    slots = torch.cat(state[2::3])
-    assert slots.shape[0] == layers
-    stacked = oc.StackedSlotGraph(model)(ids, *caches, slots)
-    for a, b in zip(shipped, stacked, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    layout = oc.OrtLayoutGraph(model)(ids, *state)
-    for a, b in zip(shipped[:-1], layout[:-1], strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    torch.testing.assert_close(layout[-1].transpose(1, 2), shipped[-1], rtol=0, atol=0)
-    x, weight = torch.randn(1, 5, 32), torch.randn(32)
-    torch.testing.assert_close(oc.rms_norm_4d(x, weight, 1e-5), rms_norm(x, weight, 1e-5))
-    assert not torch.equal(stacked[0], ExplicitStateGraph(make_model(seed=2))(ids, *state)[0])
-
-
-def test_shared_weight_sessions_give_the_shipped_graphs_numbers(artifacts, checkpoints, tmp_path):
-    """tools/shared_weights.py: the decode-only graph's session reads the shipped graph's weights
-    (every weight matrix matched by content, constants kept in their shapes) and gives the
-    shipped graph's logits on a one-token step."""
-    sys.path.insert(0, str(REPO / "tools"))
-    import shared_weights
-
-    from psa_edge.export.onnx_target import export_onnx_program, serialize_onnx
-    from psa_edge.model.checkpoint import load_checkpoint
-    from psa_edge.runtime.graph import open_graph
-    from psa_edge.runtime.session import Session
-
-    model = load_checkpoint(checkpoints["symmetric"])[0].eval()
-    decode_only = tmp_path / "decode-only.onnx"
-    decode_only.write_bytes(serialize_onnx(export_onnx_program(model, MAX_LEN, True)
-                                           .model_proto))
-    shipped = str(artifacts["onnx"])
-    dynamic, decode, (arrays, _), (shared, total) = shared_weights.open_shared(
-        shipped, str(decode_only))
-    own = shared_weights.weights(str(decode_only))
-    assert 0 < shared <= total == len(own)
-    matrices = [a for a in own.values() if a.ndim == 2]
-    assert matrices and all(any(a.shape == b.shape and np.array_equal(a, b)
-                                for b in arrays.values()) for a in matrices)
-    assert {n: a.shape for n, a in arrays.items()} == {
-        n: a.shape for n, a in shared_weights.weights(shipped).items()}
-    session = Session(open_graph(shipped))
-    session.feed(np.arange(5))
-    feeds = {"input_ids": np.array([[3]])}
-    feeds.update((name, session.state[key]) for key, name in session.spec.state_io)
-    expected = session.graph.run(feeds)["logits"]
-    for ort_session in (decode, dynamic):
-        np.testing.assert_allclose(ort_session.run(["logits"], feeds)[0], expected, atol=1e-5)
+    assert sorted(os.listdir(tmp_path)) == ["t", "taken"]

@@ -1,5 +1,5 @@
 """A gamma = 0 checkpoint IS a Llama checkpoint: Hugging Face's LlamaForCausalLM loads our
-state_dict strictly from `to_llama_dict()` and gives the same logits (SPEC §1)."""
+state_dict strictly from `to_llama_dict()` and gives the same logits (docs/spec.md §1)."""
 
 import warnings
 

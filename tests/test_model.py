@@ -1,4 +1,4 @@
-"""The PSA operator and transformer against independent formulas (SPEC §1, §3)."""
+"""The PSA operator and transformer against independent formulas (docs/spec.md §1, §3)."""
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ from psa_edge.errors import ConfigError
 from psa_edge.model import PSATransformer, count_parameters, preset_config
 from psa_edge.model.config import ModelConfig, gammas_for
 from psa_edge.model.ops import apply_rope, causal_bias, rope_cos_sin, rope_inv_freq, shear
+from psa_edge.model.transformer import LayerCache
 
 VARIANTS = ("baseline", "key-only", "symmetric", "query-only")
 
@@ -84,8 +85,8 @@ def test_gamma_zero_is_plain_attention():
         v = heads(attn.v_proj(xn), 2).repeat_interleave(2, 1)
         plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         plain = attn.o_proj(plain.transpose(1, 2).reshape(2, 10, -1))
-        cache = model.empty_state(2)[0]
-        ours, _, _ = attn(xn, cos, sin, causal_bias(torch.arange(10), 10), cache)
+        cache = LayerCache(model.cfg, model.empty_state(2)[0])
+        ours = attn(xn, cos, sin, causal_bias(torch.arange(10), 10), cache)
     assert torch.allclose(ours, plain, atol=1e-5)
 
 

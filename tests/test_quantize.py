@@ -1,4 +1,4 @@
-"""int8 quantization (SPEC §5): the exporter's int8 builds and `psa-edge quant-check`.
+"""int8 quantization (docs/spec.md §6): the exporter's int8 builds and `psa-edge quant-check`.
 
 The shipped default model is the subject where accuracy matters (a good and a deliberately
 damaged int8 build); tiny random models cover determinism, delegation, the shear's placement
@@ -14,26 +14,20 @@ import onnx
 import pytest
 import torch
 
-from conftest import REPO, make_model
+from conftest import REPO, cli, copy_artifact, export_all, make_model, manifest_of, model_file
+from psa_edge.checks import reference as checks
+from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ExportError
 from psa_edge.export import pipeline
 from psa_edge.export.pipeline import ExportRequest, run_export
 from psa_edge.export.quantize import QuantSpec, onnx_shear_nodes
 from psa_edge.io import sha256_file
 from psa_edge.model.checkpoint import save_checkpoint
-from psa_edge.runtime.decode import decode_chunks
-from psa_edge.runtime.graph import open_graph
 from psa_edge.runtime.session import open_session
 
 DEFAULT = REPO / "models" / "psa-default.pt"
 STATIC, DYNAMIC = QuantSpec("int8"), QuantSpec("int8-dynamic")
 TINY_LEN = 48
-
-
-def cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=600)
 
 
 @pytest.fixture(scope="session")
@@ -47,31 +41,31 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def int8(tiny_checkpoint, tmp_path_factory):
+def int8(tiny_checkpoint, tmp_path_factory, export_pool):
     """Tiny-model int8 artifacts: name -> path."""
     root = tmp_path_factory.mktemp("int8")
     cases = {"onnx": ("onnx", STATIC, False), "onnx-seed1": ("onnx", QuantSpec("int8", seed=1),
                                                              False),
              "onnx-shear": ("onnx", QuantSpec("int8", keep_shear_fp32=False), False),
-             "onnx-twin": ("onnx", STATIC, True), "xnnpack": ("xnnpack", STATIC, False),
-             "xnnpack-dynamic": ("xnnpack", DYNAMIC, False),
+             "onnx-twin": ("onnx", STATIC, True), "xnnpack-dynamic": ("xnnpack", DYNAMIC, False),
              "xnnpack-shear": ("xnnpack", QuantSpec("int8", keep_shear_fp32=False), False)}
-    out = {}
-    for name, (target, spec, twin) in cases.items():
-        out[name] = root / (name + (".onnx" if target == "onnx" else ".pte"))
-        run_export(ExportRequest(tiny_checkpoint, target, out[name], TINY_LEN, twin, quant=spec))
-    return out
+    return export_all(export_pool, {
+        name: ExportRequest(tiny_checkpoint, target, root / name, TINY_LEN, twin, quant=spec)
+        for name, (target, spec, twin) in cases.items()})
 
 
 @pytest.fixture(scope="session")
-def default_int8(tmp_path_factory):
+def default_int8(tmp_path_factory, export_pool):
     """The default model's ONNX and XNNPACK static int8 builds, and an ONNX int8 build whose
     weights were perturbed before export while its manifest still names the default model."""
     root = tmp_path_factory.mktemp("default-int8")
-    out = {"onnx": root / "default.int8.onnx", "xnnpack": root / "default.int8.pte",
-           "damaged": root / "damaged.int8.onnx"}
-    run_export(ExportRequest(DEFAULT, "onnx", out["onnx"], quant=STATIC))
-    run_export(ExportRequest(DEFAULT, "xnnpack", out["xnnpack"], quant=STATIC))
+    out = {"onnx": root / "default-onnx-int8", "xnnpack": root / "default-xnnpack-int8",
+           "damaged": root / "damaged-onnx-int8"}
+    from psa_edge.export.pipeline import run_export as export
+
+    futures = [export_pool.submit(export, ExportRequest(DEFAULT, target, out[target],
+                                                        quant=STATIC))
+               for target in ("onnx", "xnnpack")]
     transform = pipeline.transform
 
     def damaging_transform(model, req):
@@ -83,10 +77,12 @@ def default_int8(tmp_path_factory):
         return model
 
     pipeline.transform = damaging_transform
-    try:
+    try:  # in this process, beside the two in the pool
         run_export(ExportRequest(DEFAULT, "onnx", out["damaged"], quant=STATIC))
     finally:
         pipeline.transform = transform
+    for future in futures:
+        future.result()
     return out
 
 
@@ -99,7 +95,7 @@ def test_quant_check_passes_on_the_default_int8_build(default_int8, name):
     assert report["passed"] and report["quantization"] == "int8"
     assert m["top1_agreement"] >= 0.98 and m["accuracy_delta_points"] >= -1.0
     assert 0 <= m["kl_mean"] <= m["kl_p99"] <= m["kl_max"] and m["max_abs_logit_error"] > 0
-    manifest = json.loads(open(f"{default_int8[name]}.json").read())
+    manifest = manifest_of(default_int8[name])
     assert manifest["size_bytes"] <= 0.35 * 2_000_000  # the float artifacts are 2.0-2.1 MB
 
 
@@ -110,11 +106,12 @@ def test_quant_check_fails_on_a_damaged_build(default_int8):
 
 
 def test_calibration_is_deterministic_for_a_seed(int8, tiny_checkpoint, tmp_path):
-    again = tmp_path / "again.onnx"
+    again = tmp_path / "again"
     run_export(ExportRequest(tiny_checkpoint, "onnx", again, TINY_LEN, quant=STATIC))
-    assert sha256_file(again) == sha256_file(int8["onnx"])
-    assert sha256_file(int8["onnx-seed1"]) != sha256_file(int8["onnx"])
-    calibration = [json.loads(open(f"{int8[n]}.json").read())["quantization"]["calibration"]
+    digest = lambda name: sha256_file(model_file(name))  # noqa: E731
+    assert digest(again) == digest(int8["onnx"])
+    assert digest(int8["onnx-seed1"]) != digest(int8["onnx"])
+    calibration = [manifest_of(int8[n])["quantization"]["calibration"]
                    for n in ("onnx", "onnx-seed1")]
     assert calibration[0]["samples"] == 32 and calibration[0]["split"] == "train"
     assert calibration[0]["tokens_sha256"] != calibration[1]["tokens_sha256"]
@@ -132,13 +129,15 @@ def test_int8_keeps_cache_parity_with_its_twin(int8):
         a, b = psa.sizes(), twin.sizes()
         assert a["kv_cache_bytes"] == b["kv_cache_bytes"] > 0
         assert a["kv_cache_bytes_at_max"] == b["kv_cache_bytes_at_max"]
-        assert a["slot_bytes"] == 2 * 2 * 16 * 4 and b["slot_bytes"] == 0
+        assert a["extra_bytes"] == 2 * 2 * 16 * 4 and b["extra_bytes"] == 0
 
 
-@pytest.mark.parametrize("name", ["xnnpack", "xnnpack-dynamic"])
-def test_quantized_linears_are_delegated(int8, name):
-    m = json.loads(open(f"{int8[name]}.json").read())
-    assert m["quantization"]["quantized_ops"] == {"linear.default": 2 * 7 + 1}
+@pytest.mark.parametrize("build,linears", [("default static", 7 + 1), ("tiny dynamic", 2 * 7 + 1)])
+def test_quantized_linears_are_delegated(int8, default_int8, build, linears):
+    """Static int8 on the default model (1 layer), dynamic on the tiny one (2 layers)."""
+    m = manifest_of(default_int8["xnnpack"] if build == "default static"
+                    else int8["xnnpack-dynamic"])
+    assert m["quantization"]["quantized_ops"] == {"linear.default": linears}
     outside = m["delegation"]["ops_outside_delegate"]
     assert all(entry["why"] for entry in outside.values()), outside
     for op in outside:
@@ -153,7 +152,8 @@ def test_onnx_static_int8_runs_integer_matmuls(int8, tmp_path):
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     options.log_severity_level = 3
-    ort.InferenceSession(str(int8["onnx"]), options, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(str(model_file(int8["onnx"])), options,
+                         providers=["CPUExecutionProvider"])
     optimized = onnx.load(options.optimized_model_filepath)
     weights = {i.name for i in optimized.graph.initializer}
     kinds = [n.op_type for n in optimized.graph.node]
@@ -164,16 +164,16 @@ def test_onnx_static_int8_runs_integer_matmuls(int8, tmp_path):
 
 
 def test_shear_stays_fp32_by_default_and_int8_when_asked(int8):
-    kept = onnx.load(str(int8["onnx"]))
+    kept = onnx.load(str(model_file(int8["onnx"])))
     producers = {o: n.op_type for n in kept.graph.node for o in n.output}
     shear = onnx_shear_nodes(kept)
     assert len(shear) == 3 * 2  # Sub, Mul, Add in each of 2 layers
     for node in (n for n in kept.graph.node if n.name in shear):
         assert not any(producers.get(i) == "DequantizeLinear" for i in node.input), node.name
-    q_manifest = json.loads(open(f"{int8['onnx-shear']}.json").read())["quantization"]
+    q_manifest = manifest_of(int8["onnx-shear"])["quantization"]
     assert q_manifest["quantized_ops"] == {"Add": 2, "MatMul": 15, "Mul": 2, "Sub": 2}
     assert not q_manifest["keep_shear_fp32"]
-    quantized = onnx.load(str(int8["onnx-shear"]))  # same pre-processing: same node names
+    quantized = onnx.load(str(model_file(int8["onnx-shear"])))  # same pre-processing: names
     producers = {o: n.op_type for n in quantized.graph.node for o in n.output}
     for node in (n for n in quantized.graph.node if n.name in shear):
         assert any(producers.get(i) == "DequantizeLinear" for i in node.input), node.name
@@ -183,38 +183,34 @@ def test_xnnpack_shear_int8_when_asked(int8):
     """`--quantize-shear` on XNNPACK: the ShearQuantizer annotates each layer's Sub, Mul, Add
     (2 layers), the export-time parity probe passed, and chunked decoding of the int8 program
     agrees with its all-at-once logits."""
-    manifest = json.loads(open(f"{int8['xnnpack-shear']}.json").read())
+    manifest = manifest_of(int8["xnnpack-shear"])
     quantized = {op.split(".")[0]: n for op, n in manifest["quantization"]["quantized_ops"].items()}
     assert quantized == {"add": 2, "linear": 2 * 7 + 1, "mul": 2, "sub": 2}
     assert not manifest["quantization"]["keep_shear_fp32"] and manifest["parity"]["passed"]
-    graph = open_graph(int8["xnnpack-shear"])
+    session = open_session(int8["xnnpack-shear"])
     tokens = np.random.default_rng(4).integers(0, 64, size=24)
-    whole, _ = decode_chunks(graph, tokens, [24])
-    assert np.abs(decode_chunks(graph, tokens, [1] * 8 + [16])[0] - whole).max() < 1e-3
+    whole = feed_chunks(session, tokens, [24])
+    assert np.abs(feed_chunks(session, tokens, [1] * 8 + [16]) - whole).max() < 1e-3
 
 
 def test_int8_incremental_decoding_holds_under_chunking(int8, tiny_checkpoint):
     """Static int8: any chunking gives the int8 all-at-once logits (its scales are fixed), and
     those stay within the int8 bounds of the float reference."""
-    from psa_edge.export import parity
-    from psa_edge.model.checkpoint import load_checkpoint
-
-    graph = open_graph(int8["onnx"])
+    session = open_session(int8["onnx"])
     tokens = np.random.default_rng(3).integers(0, 64, size=40)
-    whole, _ = decode_chunks(graph, tokens, [40])
+    whole = feed_chunks(session, tokens, [40])
     for chunks in ([1] * 40, [13, 1, 20, 6]):
-        assert np.abs(decode_chunks(graph, tokens, chunks)[0] - whole).max() < 1e-3
-    model, _ = load_checkpoint(tiny_checkpoint)
-    reference = parity.reference_logits(model, tokens)
-    assert np.abs(whole - reference).max() <= parity.INT8_MAX_REL_ERROR * np.abs(reference).max()
+        assert np.abs(feed_chunks(session, tokens, chunks) - whole).max() < 1e-3
+    reference = Reference.of_checkpoint(tiny_checkpoint).logits(tokens)
+    assert np.abs(whole - reference).max() <= checks.tolerance(reference, quantized=True)
 
 
 def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatch):
-    from psa_edge.export import parity
+    from psa_edge.checks import parity
 
     monkeypatch.setattr(parity, "INT8_MIN_AGREEMENT", 1.01)
     with pytest.raises(ExportError, match="argmax agreement"):
-        run_export(ExportRequest(tiny_checkpoint, "onnx", tmp_path / "m.onnx", TINY_LEN,
+        run_export(ExportRequest(tiny_checkpoint, "onnx", tmp_path / "m", TINY_LEN,
                                  quant=STATIC))
     assert os.listdir(tmp_path) == []
 
@@ -227,13 +223,13 @@ def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatc
 ])
 def test_export_int8_bad_input(tiny_checkpoint, tmp_path, spec, target, message):
     with pytest.raises(ExportError, match=message):
-        run_export(ExportRequest(tiny_checkpoint, target, tmp_path / "m.onnx", quant=spec))
+        run_export(ExportRequest(tiny_checkpoint, target, tmp_path / "m", quant=spec))
     assert os.listdir(tmp_path) == []
 
 
 def test_export_int8_bad_input_cli(tiny_checkpoint, tmp_path):
     """The CLI's side of the contract: one line on stderr, exit 2, nothing written."""
-    result = cli("export", tiny_checkpoint, "-o", tmp_path / "m.onnx", "--target", "onnx",
+    result = cli("export", tiny_checkpoint, "-o", tmp_path / "m", "--target", "onnx",
                  "--quantize", "int4")
     assert result.returncode == 2 and "unknown quantization" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
@@ -243,17 +239,17 @@ def test_static_int8_needs_the_checkpoints_task(tmp_path):
     path = tmp_path / "no-task.pt"
     save_checkpoint(path, make_model("key-only"), {})
     with pytest.raises(ExportError, match="records none"):
-        run_export(ExportRequest(path, "onnx", tmp_path / "m.onnx", quant=STATIC))
+        run_export(ExportRequest(path, "onnx", tmp_path / "m", quant=STATIC))
     assert sorted(os.listdir(tmp_path)) == ["no-task.pt", "no-task.pt.json"]
 
 
 def test_quant_check_bad_input(int8, tiny_checkpoint, tmp_path):
+    from psa_edge.checks import quant_check
     from psa_edge.errors import PsaEdgeError
-    from psa_edge.export import quant_check
 
-    tampered = tmp_path / "t.onnx"
-    tampered.write_bytes(int8["onnx"].read_bytes() + b"x")
-    (tmp_path / "t.onnx.json").write_text(open(f"{int8['onnx']}.json").read())
+    tampered = copy_artifact(int8["onnx"], tmp_path / "t")
+    with open(tampered / "model.onnx", "ab") as f:
+        f.write(b"x")
     for args, message in [((tiny_checkpoint, tampered), "does not match"),
                           ((DEFAULT, int8["onnx"]), "was not exported from"),
                           ((tiny_checkpoint, int8["onnx"], "mqar"), "vocabulary"),
@@ -269,7 +265,7 @@ def test_int8_decode_method_has_no_shift_ops(tiny_checkpoint, tmp_path):
     """The int8 `decode` method (S = 1) is re-traced from the converted module with the shear's
     shift reattached as `ops.previous`, so, as in fp32, it concatenates
     only onto the caches and slices only the RoPE halves; `forward` keeps the general shift."""
-    req = pipeline.check_request(ExportRequest(tiny_checkpoint, "xnnpack", tmp_path / "m.pte",
+    req = pipeline.check_request(ExportRequest(tiny_checkpoint, "xnnpack", tmp_path / "m",
                                                TINY_LEN, quant=STATIC))
     model, source = pipeline.load(req)
     model = pipeline.transform(model, req)

@@ -1,17 +1,16 @@
-"""The incremental-decoding runtime (SPEC §3-4) on real backends (ONNX Runtime, ExecuTorch),
+"""The incremental-decoding runtime (docs/spec.md §3, §5) on real backends (ONNX Runtime, ExecuTorch),
 float: prefix reuse, rollback (state compared, slots included), speculative decoding (greedy
 equality, the sampling rule's distribution), cache parity, `verify`, bad input."""
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import CASES, REPO, make_model
+from conftest import CASES, cli, copy_artifact, make_model, manifest_of
+from psa_edge.checks.reference import Reference
+from psa_edge.checks.verify import verify
 from psa_edge.errors import ArtifactError, SequenceError
 from psa_edge.model.checkpoint import load_checkpoint
 from psa_edge.model.transformer import twin_of
@@ -20,9 +19,8 @@ from psa_edge.runtime.generate import Sampling, distribution, generate
 from psa_edge.runtime.session import Session, open_session
 from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter, ShiftedDrafter,
                                           speculative_generate)
-from psa_edge.export.verify import verify
 
-BACKENDS = ["onnx", "xnnpack"]
+BACKENDS = ["onnx", "xnnpack", "runner"]
 TOL = 1e-4
 
 
@@ -57,7 +55,7 @@ def test_prefix_state_restored_for_several_continuations(artifacts, checkpoints,
         assert np.abs(reused - expected).max() <= scale_tol(expected)
 
 
-@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("name", ["onnx", "xnnpack"])
 @pytest.mark.parametrize("kept", [0, 2, 5])
 def test_rollback_equals_a_sequence_that_never_saw_the_rejected_tokens(artifacts, name, kept):
     """State compared, not only logits: caches and both slots (the model is symmetric)."""
@@ -78,6 +76,27 @@ def test_rollback_equals_a_sequence_that_never_saw_the_rejected_tokens(artifacts
     assert np.abs(session.last_logits - clean.last_logits).max() <= 1e-4
     follow = rng.integers(0, 64, size=3)
     assert np.abs(session.feed(follow) - clean.feed(follow)).max() <= 1e-4
+
+
+def test_runner_form_rolls_back_and_restores_within_its_window(artifacts, checkpoints):
+    """The runner form's state stays in the program: a rollback moves the position back, and
+    the program takes the slot from its raw-key window; a restore is refused once the
+    program's cache no longer holds the snapshot."""
+    session, clean = open_session(artifacts["runner"]), open_session(artifacts["onnx"])
+    tokens = np.random.default_rng(3).integers(0, 64, size=40)
+    expected = Reference.of_checkpoint(checkpoints["key-only"]).logits(tokens)
+    session.feed(tokens[:20])
+    saved = session.snapshot()
+    session.feed(tokens[::-1][:7])  # rejected proposals
+    session.rollback(20)
+    assert np.abs(session.feed(tokens[20:30]) - expected[20:30]).max() < 1e-4 * 30
+    session.restore(saved)
+    assert np.abs(session.feed(tokens[20:]) - expected[20:]).max() < 1e-4 * 30
+    session.reset()
+    session.feed(tokens[::-1][:30])  # another sequence overwrites the cache rows
+    with pytest.raises(SequenceError, match="no longer holds"):
+        session.restore(saved)
+    del clean
 
 
 def test_rollback_reaches_back_over_single_token_chunks(artifacts):
@@ -118,11 +137,8 @@ def test_greedy_speculative_equals_target_greedy(artifacts, name):
 
 
 def test_a_draft_shorter_than_the_target_proposes_what_fits(artifacts, checkpoints):
-    from psa_edge.export.eager import EagerGraph
-
     target = open_session(artifacts["onnx"])
-    model, _ = load_checkpoint(checkpoints["symmetric"])
-    draft = SessionDrafter(Session(EagerGraph.from_model(model, "draft", max_seq_len=20)), 64)
+    draft = SessionDrafter(Reference.of_checkpoint(checkpoints["symmetric"]).session(20), 64)
     prompt = np.random.default_rng(5).integers(0, 64, size=12)
     result = speculative_generate(target, draft, prompt, 30, draft_len=4)
     assert result.tokens == generate(target, prompt, 30).tokens
@@ -141,23 +157,7 @@ def test_cache_bytes_equal_the_twins(artifacts):
             assert a["kv_cache_bytes"] == b["kv_cache_bytes"] == 2 * 2 * 2 * length * 16 * 4
             assert a["kv_cache_bytes_at_max"] == b["kv_cache_bytes_at_max"]
             # prev_key [1, 2, 1, 16] + prev_query [1, 4, 1, 16] per layer, fp32, any length
-            assert a["slot_bytes"] == 2 * (2 + 4) * 16 * 4 and b["slot_bytes"] == 0
-
-
-def test_io_binding_path_equals_plain_run(artifacts):
-    from psa_edge.runtime.graph import OnnxGraph, read_manifest
-
-    path = artifacts["onnx"]
-    bound = Session(OnnxGraph(path, read_manifest(path), io_binding=True))
-    plain = open_session(path)
-    tokens = np.random.default_rng(4).integers(0, 64, size=30)
-    for chunk in (tokens[:10], tokens[10:11], tokens[11:20]):
-        assert np.array_equal(bound.feed(chunk), plain.feed(chunk))
-    bound.rollback(15)
-    plain.rollback(15)
-    for chunk in (tokens[20:21], tokens[21:30]):
-        assert np.array_equal(bound.feed(chunk), plain.feed(chunk))
-    assert all(np.array_equal(bound.state[k], plain.state[k]) for k in plain.state)
+            assert a["extra_bytes"] == 2 * (2 + 4) * 16 * 4 and b["extra_bytes"] == 0
 
 
 # --------------------------------------------------------------------------- sampling rule
@@ -195,7 +195,7 @@ def small_vocab(tmp_path_factory):
         with torch.no_grad():  # back to moderate logits: the distributions must be spread
             model.lm_head.weight.mul_(0.05)
         save_checkpoint(root / f"{name}.pt", model, {})
-        out[name] = root / f"{name}.onnx"
+        out[name] = root / name
         run_export(ExportRequest(root / f"{name}.pt", "onnx", out[name], 16))
         out[f"{name}_model"] = model
     return out
@@ -252,10 +252,11 @@ def test_plain_sampling_with_top_k_and_top_p_has_the_targets_distribution(small_
 
 # --------------------------------------------------------------------------- verify
 
-@pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable"])
+@pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable", "runner"])
 def test_verify_passes_on_float_artifacts(artifacts, checkpoints, name):
     variant = CASES[name][0]
-    twin = artifacts["onnx-twin"] if variant == "symmetric" else None
+    twin = {"onnx": "onnx-twin", "runner": "runner-twin"}.get(name)
+    twin = artifacts[twin] if twin else None
     report = verify(artifacts[name], checkpoints[variant], twin)
     failed = [c for c in report["checks"] if not c["passed"]]
     assert report["passed"], failed
@@ -276,24 +277,19 @@ def test_verify_catches_a_rollback_that_leaves_the_slot(artifacts, checkpoints, 
     assert not report["passed"] and not checks["3. rollback"]["passed"]
 
 
-def cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300)
-
-
 def test_verify_and_generate_cli(artifacts, checkpoints):
     result = cli("verify", artifacts["onnx"], "--reference", checkpoints["symmetric"], "--twin",
                  artifacts["onnx-twin"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS: every check" in result.stdout and "cache parity" in result.stdout
-    result = cli("generate", artifacts["onnx"], "--prompt", "ABCDABC", "-n", "6",
-                 "--prompt-lookup", "--json")
-    assert result.returncode == 0, result.stderr
     import json
 
-    report = json.loads(result.stdout)
-    assert len(report["tokens"]) == 6 and report["speculative"] == "prompt-lookup"
+    for name in ("onnx", "runner"):  # either form, speculative on the runner form too
+        result = cli("generate", artifacts[name], "--prompt", "ABCDABC", "-n", "6",
+                     "--prompt-lookup", "--json")
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert len(report["tokens"]) == 6 and report["speculative"] == "prompt-lookup"
 
 
 # --------------------------------------------------------------------------- bad input
@@ -320,17 +316,17 @@ def test_bad_input_leaves_the_session_usable(artifacts, small_vocab):
     assert np.array_equal(session.feed([5, 6]), fresh.feed([5, 6]))
 
 
-def test_artifact_of_an_older_graph_io_is_refused(artifacts):
-    """An artifact whose manifest lists per-layer raw outputs (the I/O before the layers were
-    stacked into `present.raw_key`) gets one line naming the missing output."""
-    from psa_edge.runtime.graph import GraphSpec, read_manifest
+def test_artifact_of_another_graph_io_is_refused(artifacts):
+    """An artifact whose manifest lists other I/O than its config implies (per-layer raw
+    outputs, the I/O of an older psa-edge) gets one line saying to export it again."""
+    from psa_edge.contract import GraphIO
 
-    manifest = read_manifest(artifacts["onnx"])
+    manifest = manifest_of(artifacts["onnx"])
     io = manifest["io"]
     io["outputs"] = [name for name in io["outputs"] if not name.startswith("present.raw_")] + [
         f"present.{i}.{f}" for i in range(2) for f in ("raw_key", "raw_query")]
-    with pytest.raises(ArtifactError, match="no output 'present.raw_key'.*export the artifact"):
-        GraphSpec.from_manifest(manifest)
+    with pytest.raises(ArtifactError, match="export it again"):
+        GraphIO.from_manifest(manifest)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -354,12 +350,12 @@ def test_executorch_native_log_stays_off_the_terminal(artifacts, tmp_path):
 
     from psa_edge.io import sha256_file
 
-    data = artifacts["xnnpack"].read_bytes()
-    truncated = tmp_path / "truncated.pte"
-    truncated.write_bytes(data[:len(data) // 2])
-    manifest = json.loads(open(f"{artifacts['xnnpack']}.json").read())
-    manifest["artifact_sha256"] = sha256_file(truncated)  # only ExecuTorch can tell
-    (tmp_path / "truncated.pte.json").write_text(json.dumps(manifest))
+    truncated = copy_artifact(artifacts["xnnpack"], tmp_path / "truncated")
+    data = (truncated / "model.pte").read_bytes()
+    (truncated / "model.pte").write_bytes(data[:len(data) // 2])
+    manifest = manifest_of(truncated)
+    manifest["files"]["model.pte"] = sha256_file(truncated / "model.pte")  # only ExecuTorch can tell
+    (truncated / "manifest.json").write_text(json.dumps(manifest))
     result = cli("generate", truncated, "--prompt", "AB", "-n", "2", "--threads", "1")
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -370,7 +366,7 @@ def test_executorch_native_log_stays_off_the_terminal(artifacts, tmp_path):
 
 
 def test_threads_size_the_executorch_threadpool(artifacts):
-    from psa_edge.executorch_backend import set_threads
+    from psa_edge.backends.executorch import set_threads
 
     before = set_threads(None)
     try:

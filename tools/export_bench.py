@@ -1,44 +1,29 @@
-"""Export time and artifact size per preset and target, written to docs/export-sizes.md.
+"""docs/export-sizes.md: export time and artifact size per preset and target.
 
-Each preset (random weights, seed 0, the preset's own vocabulary, key-only gamma_k = 0.8) is
-saved as a checkpoint and exported through the real pipeline (`run_export`, parity check
-included) to every target. Wall time is the whole `run_export` call on this machine.
+Each preset (random weights, `common.random_checkpoint`) is exported through the real pipeline
+(`run_export`, parity check included) to every target; wall time is the whole call.
 
-    python tools/export_bench.py                      # tiny, psa-4m, psa-30m
-    python tools/export_bench.py --presets tiny       # a subset
+    .venv/bin/python tools/export_bench.py                 # tiny, psa-4m, psa-30m
+    .venv/bin/python tools/export_bench.py --presets tiny  # a subset
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import machine, random_checkpoint, write_doc
+
 TARGETS = ("onnx", "xnnpack", "portable")
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
-    import os
-
-    import torch
-
     from psa_edge.export.pipeline import ExportRequest, run_export
     from psa_edge.model import PSATransformer, count_parameters, preset_config
-    from psa_edge.model.checkpoint import save_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["tiny", "psa-4m", "psa-30m"])
@@ -47,35 +32,35 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
-            torch.manual_seed(0)
-            model = PSATransformer(preset_config(preset))
-            ckpt = Path(tmp) / f"{preset}.pt"
-            save_checkpoint(ckpt, model, {"note": "random weights (export benchmark)"})
+            ckpt = random_checkpoint(preset, Path(tmp) / f"{preset}.pt")
+            params = count_parameters(PSATransformer(preset_config(preset)))
             for target in TARGETS:
                 started = time.time()
-                manifest = run_export(ExportRequest(ckpt, target, max_seq_len=args.max_seq_len))
-                row = {"preset": preset, "params": count_parameters(model), "target": target,
+                manifest = run_export(ExportRequest(ckpt, target, Path(tmp) / target,
+                                                    args.max_seq_len))
+                row = {"preset": preset, "params": params, "target": target,
                        "export_seconds": round(time.time() - started, 1),
                        "size_mb": round(manifest["size_bytes"] / 1e6, 2),
                        "checkpoint_mb": round(ckpt.stat().st_size / 1e6, 2),
-                       "parity_max_abs_err": max(manifest["parity"]["max_abs_logit_error"].values()),
-                       "delegated_fraction": (manifest["delegation"] or {}).get("delegated_fraction")}
+                       "parity": max(manifest["parity"]["max_abs_logit_error"].values()),
+                       "delegated": (manifest["delegation"] or {}).get("delegated_fraction")}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     lines = ["# Export time and artifact size", "",
-             f"Made by `python tools/export_bench.py --presets {' '.join(args.presets)}` on "
-             f"{cpu_model()} ({os.cpu_count()} cores, {platform.machine()}), torch "
-             f"{torch.__version__}. Random weights (seed 0), key-only gamma_k = 0.8, "
-             f"max_seq_len {args.max_seq_len}, fp32. Time is the whole `psa-edge export` "
-             "pipeline: load, torch.export, lowering, serialization and the parity probe.", "",
-             "| preset | parameters | target | export time (s) | artifact (MB) | checkpoint (MB) "
-             "| parity max abs err | XNNPACK-delegated nodes |", "|---|---|---|---|---|---|---|---|"]
+             f"Made by `.venv/bin/python tools/{Path(sys.argv[0]).name} --presets "
+             f"{' '.join(args.presets)}` on {machine()}. Random weights (seed 0), key-only "
+             f"gamma_k = 0.8, max_seq_len {args.max_seq_len}, fp32. Time is the whole "
+             "`psa-edge export` pipeline: load, torch.export, lowering, serialization and the "
+             "parity probe.", "",
+             "| preset | parameters | target | export time (s) | model file (MB) | "
+             "checkpoint (MB) | parity max abs err | XNNPACK-delegated nodes |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        frac = "" if r["delegated_fraction"] is None else f"{100 * r['delegated_fraction']:.0f}%"
+        frac = "" if r["delegated"] is None else f"{100 * r['delegated']:.0f}%"
         lines.append(f"| {r['preset']} | {r['params'] / 1e6:.2f}M | {r['target']} | "
                      f"{r['export_seconds']} | {r['size_mb']} | {r['checkpoint_mb']} | "
-                     f"{r['parity_max_abs_err']:.1e} | {frac} |")
-    (REPO / "docs" / "export-sizes.md").write_text("\n".join(lines) + "\n")
+                     f"{r['parity']:.1e} | {frac} |")
+    write_doc("export-sizes.md", "\n".join(lines))
 
 
 if __name__ == "__main__":

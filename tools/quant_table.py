@@ -3,8 +3,8 @@ twin, exported fp32 and int8 (static, dynamic) for XNNPACK and ONNX Runtime, eac
 checked by `psa-edge quant-check` against the float reference; and the measurement behind
 `--keep-shear-fp32` (the same static builds with the shear quantized too).
 
-    python tools/quant_table.py                 # about 10 minutes on 2 cores
-    python tools/quant_table.py --samples 32    # quicker, noisier
+    .venv/bin/python tools/quant_table.py               # about 10 minutes on 2 cores
+    .venv/bin/python tools/quant_table.py --samples 32  # quicker, noisier
 
 Artifacts go to out/quant/; the page and the README block between `<!-- quant:begin -->` and
 `<!-- quant:end -->` are rewritten from this run's numbers.
@@ -14,29 +14,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import DEFAULT_MODEL, OUT, machine, write_block, write_doc
 
-from psa_edge.io import write_marked_block  # noqa: E402
-from psa_edge.export import quant_check  # noqa: E402
-from psa_edge.export.pipeline import ExportRequest, run_export  # noqa: E402
-from psa_edge.export.quantize import QuantSpec  # noqa: E402
+from psa_edge.checks import quant_check
+from psa_edge.export.pipeline import ExportRequest, run_export
+from psa_edge.export.quantize import QuantSpec
 
-DEFAULT = REPO / "models" / "psa-default.pt"
-OUT = REPO / "out" / "quant"
+QUANT_OUT = OUT / "quant"
 TARGETS = ("xnnpack", "onnx")
 SCHEMES = {"int8": QuantSpec("int8"), "int8-dynamic": QuantSpec("int8-dynamic")}
 SHEAR_INT8 = QuantSpec("int8", keep_shear_fp32=False)
 
 
 def export(checkpoint: Path, target: str, spec: QuantSpec | None, twin: bool, name: str) -> dict:
-    path = OUT / f"{name}{'.onnx' if target == 'onnx' else '.pte'}"
+    path = QUANT_OUT / name
     manifest = run_export(ExportRequest(checkpoint, target, path, twin=twin, quant=spec))
     return {"path": path, "manifest": manifest}
 
@@ -51,9 +45,9 @@ def measure(checkpoint: Path, samples: int) -> dict:
     for twin in (False, True):
         model = "twin" if twin else "psa"
         for target in TARGETS:
-            base = export(checkpoint, target, None, twin, f"{model}.{target}.fp32")
+            base = export(checkpoint, target, None, twin, f"{model}-{target}-fp32")
             for scheme, spec in SCHEMES.items():
-                built = export(checkpoint, target, spec, twin, f"{model}.{target}.{scheme}")
+                built = export(checkpoint, target, spec, twin, f"{model}-{target}-{scheme}")
                 started = time.time()
                 result = check(checkpoint, built["path"], samples)
                 rows[(model, target, scheme)] = {
@@ -65,7 +59,7 @@ def measure(checkpoint: Path, samples: int) -> dict:
                       f" acc delta {result['metrics']['accuracy_delta_points']:+.2f} points",
                       flush=True)
     for target in TARGETS:
-        built = export(checkpoint, target, SHEAR_INT8, False, f"psa.{target}.int8-shear")
+        built = export(checkpoint, target, SHEAR_INT8, False, f"psa-{target}-int8-shear")
         rows[("psa", target, "int8, shear int8")] = {
             "bytes": built["manifest"]["size_bytes"], **check(checkpoint, built["path"], samples)}
     return rows
@@ -124,9 +118,6 @@ def verdicts(rows: dict) -> str:
 
 
 def write(rows: dict, samples: int, wall: float) -> None:
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor())
     any_row = next(iter(rows.values()))
     task = any_row["task"]
     block = (f"Default model `models/psa-default.pt` and its gamma = 0 twin (same weights, no "
@@ -136,8 +127,8 @@ def write(rows: dict, samples: int, wall: float) -> None:
              f"{main_table(rows)}\n\n{verdicts(rows)}\n")
     doc = f"""# int8 quantization
 
-Made by `python tools/quant_table.py --samples {samples}` on {cpu} ({os.cpu_count()} cores,
-{platform.machine()}) in {wall / 60:.0f} min. Every number below is from that run.
+Made by `.venv/bin/python tools/quant_table.py --samples {samples}` on {machine()} in
+{wall / 60:.0f} min. Every number below is from that run.
 
 ## What is quantized
 
@@ -178,9 +169,9 @@ the PSA model with the shear's Sub/Mul/Add quantized too (int8 in and out, calib
 The default keeps the shear fp32; `--quantize-shear` quantizes it. Dynamic activation
 quantization applies to linears only, so there the shear is always fp32.
 """
-    (REPO / "docs" / "quantization.md").write_text(doc)
-    write_marked_block(REPO / "README.md", "quant", block)
-    (OUT / "results.json").write_text(json.dumps(
+    write_doc("quantization.md", doc)
+    write_block("quant", block)
+    (QUANT_OUT / "results.json").write_text(json.dumps(
         {" / ".join(k): {kk: vv for kk, vv in v.items() if kk != "task"} for k, v in rows.items()},
         indent=1, default=str))
     print(block)
@@ -190,9 +181,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=128)
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    QUANT_OUT.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    rows = measure(DEFAULT, args.samples)
+    rows = measure(DEFAULT_MODEL, args.samples)
     write(rows, args.samples, time.time() - started)
 
 

@@ -13,8 +13,8 @@ runs, which use the same trainer and are named in the page):
 4. the frequency response of the trained default model's score stream against
    H(omega) = 1 + gamma (1 - e^{-i omega}), post-RoPE (as built) and pre-RoPE (the wrong place).
 
-    python tools/reproduce.py            # full run, writes docs/reproduction.md (hours, 2 cores)
-    python tools/reproduce.py --quick    # under 10 minutes, writes out/reproduction-quick.md
+    .venv/bin/python tools/reproduce.py          # full run: docs/reproduction.md (hours, 2 cores)
+    .venv/bin/python tools/reproduce.py --quick  # under 10 minutes: out/reproduction-quick.md
 
 Runs are cached as JSON (full: docs/reproduction/runs/, quick: out/reproduction-quick/runs/);
 delete a file to rerun that run. Each run is single-threaded; --jobs runs several at once.
@@ -25,22 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
+import numpy as np
+from common import REPO, machine, write_block
 
-import numpy as np  # noqa: E402
-
-from psa_edge.io import write_marked_block  # noqa: E402
-from psa_edge import theory  # noqa: E402
+from psa_edge import theory
 
 PAPER = {"key-only": 0.949, "symmetric": 0.811, "query-only": "chance",
          "steps": "717 (gamma 0.8) vs 2700 (gamma 0), 91.3M parameters"}
@@ -161,18 +155,15 @@ VARIANT_ROWS = [("baseline, 1 layer", "baseline", 1), ("baseline, 2 layers", "ba
 def variant_results(plan: Plan, n_jobs: int) -> tuple[str, dict]:
     """(source sentence, {task: {(variant, layers): [runs]}})."""
     if plan.variant_runs == "cached":
-        import variant_table
-
-        jobs = [(t, v, layers, s) for t in variant_table.TASK_SETTINGS
-                for _, v, layers in variant_table.ROWS for s in variant_table.SEEDS]
-        missing = [j for j in jobs if variant_table.cached(j) is None]
-        if missing:
-            raise SystemExit(f"{len(missing)} variant-table runs are missing; run "
-                             f"python tools/variant_table.py first")
         results: dict = {}
-        for job in jobs:
-            results.setdefault(job[0], {}).setdefault((job[1], job[2]), []).append(
-                variant_table.cached(job))
+        for path in sorted((REPO / "docs" / "variants").glob("*.json")):
+            run = json.loads(path.read_text())
+            spec = run["spec"]
+            results.setdefault(spec["task"], {}).setdefault(
+                (spec["variant"], spec["layers"]), []).append(run)
+        if sum(len(runs) for rows in results.values() for runs in rows.values()) < 30:
+            raise SystemExit("variant-table runs are missing; run "
+                             ".venv/bin/python tools/variant_table.py first")
         return ("tools/variant_table.py's runs (docs/variants/*.json): ih-safari on `tiny` and "
                 "ih-sht on `psa-0.5m`, 1000 steps, seeds 0, 1, 2"), results
     jobs = [variant_job(v, layers, s, 300) for _, v, layers in VARIANT_ROWS for s in plan.seeds]
@@ -375,13 +366,6 @@ def frequency_section(checkpoint: Path, path: Path) -> tuple[str, dict]:
 
 # ---------------------------------------------------------------------------------------------
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown CPU")
-    return f"{cpu}, {os.cpu_count()} cores, {platform.machine()}, {platform.system()}"
-
-
 def main() -> None:
     import matplotlib
 
@@ -421,7 +405,7 @@ def main() -> None:
 
 def render(plan, source, variants, sweep_md, summary, control_md, best, freq_md, freq,
            sweep_png, freq_png, train_minutes, wall_minutes) -> str:
-    command = "python tools/reproduce.py" + (" --quick" if plan.name == "quick" else "")
+    command = ".venv/bin/python tools/reproduce.py" + (" --quick" if plan.name == "quick" else "")
     settings = ", ".join(f"(d_k={d}, T={T})" for d, T in plan.sweep_settings)
     crossings = [s for s in summary.values() if s["onset"] is not None]
     below = sum(1 for s in crossings if s["onset"] < s["gamma_c"])
@@ -435,12 +419,13 @@ def render(plan, source, variants, sweep_md, summary, control_md, best, freq_md,
     post = freq["post-RoPE (as built)"]["r"]
     return f"""# Reproducing the paper's claims
 
-Made by `{command}` on {machine()}, torch {torch_version()}. Training wall time
+Made by `{command}` on {machine()}. Training wall time
 {wall_minutes:.0f} min (the invocations that trained; `{runs_dir(plan).relative_to(REPO)}/wall.json`),
 {train_minutes:.0f} min of single-threaded training summed over this page's runs (excluding
 the variant table's cached runs). Per-run specs, curves and results:
 `{runs_dir(plan).relative_to(REPO)}/*.json`.
-Paper numbers are from `../shared/paper/phase-space-attention-summary.txt`.
+Paper numbers are from *Phase Space Attention: A Hairer Lift Circumvents the Single-Layer
+Induction Obstruction* (Maitra, Sood, Hosseini, Gunnala, Gupta, 2026).
 
 ## 1. Variant table
 
@@ -509,7 +494,7 @@ def write_readme_block(summary: dict, best: float, freq: dict) -> None:
              f"against H(omega): r = {post['r']:.4f}, max relative error "
              f"{post['max_rel_err']:.3f} post-RoPE; {pre['max_rel_err']:.3f} with the shear "
              f"placed before RoPE.\n")
-    write_marked_block(REPO / "README.md", "reproduce", block)
+    write_block("reproduce", block)
 
 
 def disagreements(variants: dict, summary: dict, best: float, freq: dict) -> str:
@@ -548,12 +533,6 @@ def disagreements(variants: dict, summary: dict, best: float, freq: dict) -> str
                f"post-RoPE shear is an exact linear filter of the key stream, so what a "
                f"measurement can miss is estimation error, not the mechanism.")
     return "\n".join(out)
-
-
-def torch_version() -> str:
-    from importlib import metadata
-
-    return metadata.version("torch")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """docs/speculative.md: speculative decoding of the default model on induction-heavy prompts,
 with the int8 build of the target as draft and with the draft-free prompt-lookup drafter.
 
-    python tools/speculative_table.py        # a few minutes
+    .venv/bin/python tools/speculative_table.py        # a few minutes
 
 Prompts: held-out ih-sht sequences (every token after the first repeats of an alphabet of 64
 recur; the model continues by induction), the first `--prompt-len` tokens of each, greedy
@@ -9,47 +9,34 @@ continuation of `--new` tokens. For each backend (ONNX Runtime, ExecuTorch XNNPA
 target) and drafter, and for draft lengths 2, 4, 8: drafted and accepted tokens, acceptance
 rate, tokens per target call, wall time of the decode against plain greedy decoding of the
 same target (speed-up > 1 is faster), and whether the tokens equal plain greedy decoding
-(SPEC §4: they must, bar ties). Plain and speculative runs alternate per prompt.
+(docs/spec.md §5: they must, bar ties). Plain and speculative runs alternate per prompt.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import DEFAULT_MODEL, OUT, export_once, machine, write_doc
 
-from bench_presets import up_to_date  # noqa: E402
-from psa_edge.export.pipeline import ExportRequest, run_export  # noqa: E402
-from psa_edge.export.quantize import QuantSpec  # noqa: E402
-from psa_edge.io import sha256_file  # noqa: E402
-from psa_edge.runtime.generate import generate  # noqa: E402
-from psa_edge.runtime.session import open_session  # noqa: E402
-from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter,  # noqa: E402
+from psa_edge.runtime.generate import generate
+from psa_edge.runtime.session import open_session
+from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter,
                                           speculative_generate)
-from psa_edge.tasks import task_from_dict  # noqa: E402
+from psa_edge.tasks import task_from_dict
 
-DEFAULT = REPO / "models" / "psa-default.pt"
-OUT = REPO / "out" / "speculative"
-BACKENDS = {"onnx": ("ONNX Runtime", ".onnx"), "xnnpack": ("ExecuTorch XNNPACK", ".pte")}
+BACKENDS = {"onnx": "ONNX Runtime", "xnnpack": "ExecuTorch XNNPACK"}
 
 
 def export(target: str, quant: str | None) -> Path:
-    """The default model's build, exported again unless it is up to date (`bench_presets`)."""
-    path = OUT / f"default.{target}.{quant or 'fp32'}{BACKENDS[target][1]}"
-    if not up_to_date(Path(f"{path}.json"), sha256_file(DEFAULT)):
-        run_export(ExportRequest(DEFAULT, target, path, quant=QuantSpec(quant) if quant else None))
-    return path
+    return export_once(DEFAULT_MODEL, OUT / "speculative" / f"default-{target}-{quant or 'fp32'}",
+                       target, quant)
 
 
 def measure(target: str, prompts, new: int, draft_lens) -> list[dict]:
     session = open_session(export(target, None))
-    vocab = session.spec.vocab_size
+    vocab = session.io.vocab_size
     drafters = {"int8 self-draft": lambda: SessionDrafter(open_session(export(target, "int8")),
                                                           vocab),
                 "prompt lookup": PromptLookupDrafter}
@@ -73,7 +60,7 @@ def measure(target: str, prompts, new: int, draft_lens) -> list[dict]:
                 accepted += spec.stats["accepted"]
                 calls += spec.stats["target_calls"]
                 produced += len(spec.tokens)
-            rows.append({"backend": BACKENDS[target][0], "drafter": label, "k": k,
+            rows.append({"backend": BACKENDS[target], "drafter": label, "k": k,
                          "drafted": drafted, "accepted": accepted,
                          "acceptance": accepted / max(1, drafted),
                          "tokens_per_call": produced / max(1, calls),
@@ -108,10 +95,10 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new", type=int, default=64)
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "speculative").mkdir(parents=True, exist_ok=True)
     from psa_edge.model.checkpoint import read_checkpoint
 
-    task = task_from_dict(read_checkpoint(DEFAULT)["metadata"]["task"])
+    task = task_from_dict(read_checkpoint(DEFAULT_MODEL)["metadata"]["task"])
     inputs, _ = task.sample("test", args.prompts, seed=4242)
     prompts = [row[:args.prompt_len] for row in inputs]
     started = time.time()
@@ -123,14 +110,10 @@ def main() -> None:
               f"| {r['acceptance']:.3f} | {r['tokens_per_call']:.2f} | {r['plain_s']:.3f} / "
               f"{r['spec_s']:.3f} | {r['speedup']:.2f} | {'yes' if r['identical'] else 'NO'} |"
               for r in rows]
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor())
     doc = f"""# Speculative decoding of the default model
 
-Made by `python tools/speculative_table.py --prompts {args.prompts} --prompt-len
-{args.prompt_len} --new {args.new}` on {cpu} ({os.cpu_count()} cores, {platform.machine()}) in
-{(time.time() - started) / 60:.0f} min. Target: `models/psa-default.pt` exported fp32; drafts: its
+Made by `.venv/bin/python tools/speculative_table.py --prompts {args.prompts} --prompt-len
+{args.prompt_len} --new {args.new}` on {machine()} in {(time.time() - started) / 60:.0f} min. Target: `models/psa-default.pt` exported fp32; drafts: its
 static int8 build on the same backend, and the prompt-lookup drafter (no model). Prompts: the
 first {args.prompt_len} tokens of {args.prompts} held-out ih-sht sequences, greedy continuation of
 {args.new} tokens each. Every speculative round feeds the target `[pending, d_1..d_k]` in one
@@ -142,7 +125,7 @@ slot set from the raw keys the graph returns).
 Reading it: a draft that agrees lets the target produce up to k + 1 tokens per call; whether
 that is faster depends on what a draft token costs. {reading(rows)}
 """
-    (REPO / "docs" / "speculative.md").write_text(doc)
+    write_doc("speculative.md", doc)
     print(doc)
 
 

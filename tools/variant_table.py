@@ -5,22 +5,20 @@ README block between `<!-- variants:begin -->` and `<!-- variants:end -->`.
 Every run is `psa_edge.train.trainer.train` with the spec printed in the table's header; results
 are cached as JSON under docs/variants/ (delete a file to rerun that run).
 
-    python tools/variant_table.py            # the full table (about 40 min on 2 cores)
-    python tools/variant_table.py --jobs 1   # one run at a time
+    .venv/bin/python tools/variant_table.py           # the full table (2 cores: ~2 hours)
+    .venv/bin/python tools/variant_table.py --jobs 1  # one run at a time
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, machine, write_block, write_doc
+
 CACHE = REPO / "docs" / "variants"
 SEEDS = (0, 1, 2)
 ROWS = [  # (label, variant, layers)
@@ -67,13 +65,6 @@ def cached(job) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def fmt_steps(values: list) -> str:
     reached = [v for v in values if v is not None]
     if not reached:
@@ -106,7 +97,7 @@ def table(results: dict) -> str:
             lines.append(f"| {label} | {mean_std(acc)} | {' / '.join(f'{a:.3f}' for a in acc)} | "
                          f"{mean_std(last)} | {fmt_steps([r['steps_to_90'] for r in runs])} |")
         lines.append("")
-    lines += ["Checks of the foundation issue, computed from the runs above:", ""]
+    lines += ["What the table shows, computed from the runs above:", ""]
     for task in TASK_SETTINGS:
         rows = results[task]
         chance = rows[("baseline", 1)][0]["chance"]
@@ -141,16 +132,14 @@ def main() -> None:
         results[job[0]].setdefault((job[1], job[2]), []).append(cached(job))
     body = table(results)
     wall = sum(cached(j)["wall_seconds"] for j in jobs)
-    doc = (f"# Variant table\n\nMade by `python tools/variant_table.py` on {cpu_model()} "
-           f"({os.cpu_count()} cores, {platform.machine()}): {len(jobs)} training runs, "
+    doc = (f"# Variant table\n\nMade by `.venv/bin/python tools/variant_table.py` on "
+           f"{machine()}: {len(jobs)} training runs, "
            f"{wall / 60:.0f} minutes summed over runs (each run single-threaded, two at a time). "
            f"Per-run specs and held-out curves: `docs/variants/*.json`.\n\nThe paper reports "
            f"key-only 0.949, symmetric 0.811, query-only at chance, and 717 vs 2700 steps for "
            f"induction to emerge at gamma 0.8 vs 0 (91.3M parameters).\n\n{body}")
-    (REPO / "docs" / "variants.md").write_text(doc)
-    from psa_edge.io import write_marked_block
-
-    write_marked_block(REPO / "README.md", "variants", body)
+    write_doc("variants.md", doc)
+    write_block("variants", body)
     print(body)
 
 

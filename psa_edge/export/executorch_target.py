@@ -1,32 +1,34 @@
 """ExecuTorch targets: `.pte` programs for XNNPACK (delegated) and portable (no delegate).
 
-Contract:
-- `export_program(graph, inputs, shapes)` is torch.export (non-strict) of a graph form.
-- `to_edge(programs, target)` runs `to_edge_transform_and_lower` on one program or a dict of
-  methods, no-op expands removed (XNNPACK's edge transforms), with the XNNPACK partitioner for
-  `xnnpack` (none for `portable`); `lower_pte`
-  serializes it (methods share their weights: executorch deduplicates the constants, XNNPACK's
-  packed ones through its named data store) and returns the program bytes and the delegation
-  report of method `forward` (`get_delegation_info`: delegated subgraphs, delegated fraction,
-  every op left outside the delegate with its count), with the other methods' reports under
-  `methods`.
-- `runner_metadata(cfg, max_seq_len)` are the constant methods ExecuTorch's LLM runner reads.
+Contract: `XNNPACK` and `PORTABLE` provide the pipeline's target stages.
+- `trace`: torch.export (non-strict) of every method of the form (explicit-state: `forward`
+  and `decode`; runner: `forward`);
+- `quantize`: the PT2E flow on `forward` (`quantize.quantize_pt2e`), every method re-traced
+  from the one converted module (shared weights); XNNPACK only;
+- `lower`: `to_edge_transform_and_lower` of all methods, no-op expands removed (XNNPACK's edge
+  transforms), with the XNNPACK partitioner for `xnnpack` (none for `portable`), the form's
+  constant methods added; serialized (methods share their weights: executorch deduplicates the
+  constants, XNNPACK's packed ones through its named data store). XNNPACK programs come with the
+  delegation report of method `forward` (`get_delegation_info`: delegated subgraphs, delegated
+  fraction, every op left outside the delegate with its count and reason), the other methods'
+  reports under `methods`; portable programs have none.
 """
 
 from __future__ import annotations
 
 import torch
 
-from psa_edge.export.onnx_target import quiet
-from psa_edge.model.config import ModelConfig
+from psa_edge.export import quantize as q
+from psa_edge.export import quiet
+from psa_edge.export.forms import Traced
 
 # Why an op stays outside XNNPACK, by op-name prefix (checked against the XNNPACK partitioner
 # configs of executorch 1.4.1). An op outside the delegate with no reason here is reported as
 # unexplained; the tests require there is none.
 WHY_OUTSIDE = {
     "aten_embedding": "token lookup (gather): XNNPACK has no embedding op",
-    "aten_index_select": "GQA: the KV head of each query head gathered from the cache "
-                         "(XNNPACK has no gather)",
+    "aten_index_select": "gather (XNNPACK has none): GQA's KV head of each query head; the "
+                         "runner form's previous-key slot from its raw-key window",
     "aten_mean_dim": "RMSNorm's mean over the hidden dim: XNNPACK's mean.dim takes 4-D inputs "
                      "only (global average pooling)",
     "aten_slice_copy": "sequence shift of the shear, RoPE halves: XNNPACK "
@@ -36,13 +38,17 @@ WHY_OUTSIDE = {
     "aten_arange": "positions and the causal mask, built once per call",
     "aten_le": "causal mask, once per call",
     "aten_bitwise_not": "causal mask, once per call",
-    "aten_where": "causal mask to additive bias, once per call",
+    "aten_where": "causal mask to additive bias, once per call; the runner form's window rows",
     "aten_full": "causal mask to additive bias, once per call",
     "aten_add_tensor": "start position + arange (int64 positions), once per call",
-    "aten_index_copy": "writing the static cache at input_pos (runner form)",
-    "aten_index_put": "writing the static cache at input_pos (runner form)",
-    "aten_copy": "updating the previous-key slot buffer (runner form)",
+    "aten_index_copy": "writing the static cache and the raw-key window (runner form)",
+    "aten_index_put": "writing the static cache and the raw-key window (runner form)",
+    "aten_copy": "updating a mutable buffer (runner form)",
     "aten_gt": "input_pos > 0 test of the zero boundary (runner form)",
+    "aten_ge": "which positions of a chunk fit the raw-key window (runner form)",
+    "aten_remainder": "row of a position in the raw-key window (runner form)",
+    "aten_select": "last position of a chunk (runner form)",
+    "aten_sub_tensor": "position arithmetic on int64 (runner form)",
     "aten__to_copy": "dtype cast of positions, once per call",
     "aten_view": "reshape (no data movement)",
     "aten_unsqueeze": "reshape (no data movement)",
@@ -62,31 +68,20 @@ def why_outside(op: str) -> str | None:
     return next((why for prefix, why in WHY_OUTSIDE.items() if op.startswith(prefix)), None)
 
 
-def export_program(graph: torch.nn.Module, inputs: tuple, shapes) -> torch.export.ExportedProgram:
+def export_program(module: torch.nn.Module, inputs: tuple, shapes
+                   ) -> torch.export.ExportedProgram:
     with quiet(), torch.no_grad():
-        return torch.export.export(graph, inputs, dynamic_shapes=shapes, strict=False)
+        return torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
 
 
-def runner_metadata(cfg: ModelConfig, max_seq_len: int) -> dict:
-    # The induction vocabularies have no end-of-sequence token. Without get_eos_ids the runner
-    # would take the tokenizer's default (id 0) and stop on an ordinary token, so an id no
-    # model emits (vocab_size) stands in.
-    eos = cfg.eos_token_id if cfg.eos_token_id is not None else cfg.vocab_size
-    return {"get_max_seq_len": max_seq_len, "get_max_context_len": max_seq_len,
-            "get_vocab_size": cfg.vocab_size, "use_kv_cache": True,
-            "enable_dynamic_shape": True,
-            "get_bos_id": cfg.bos_token_id if cfg.bos_token_id is not None else 0,
-            "get_eos_ids": [eos]}
-
-
-def to_edge(program, target: str, constant_methods: dict | None = None):
+def to_edge(program, delegated: bool, constant_methods: dict | None = None):
     """The EdgeProgramManager of one ExportedProgram or of a dict name -> ExportedProgram:
-    XNNPACK-partitioned for `xnnpack`, plain edge ops for portable."""
+    XNNPACK-partitioned when `delegated`, plain edge ops otherwise."""
     from executorch.backends.xnnpack.utils.configs import get_transform_passes
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     partitioners = []
-    if target == "xnnpack":
+    if delegated:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         partitioners = [XnnpackPartitioner()]
@@ -102,29 +97,55 @@ def to_edge(program, target: str, constant_methods: dict | None = None):
             compile_config=EdgeCompileConfig(_check_ir_validity=False))
 
 
-def lower_pte(programs: dict, target: str, constant_methods: dict | None = None
-              ) -> tuple[bytes, dict]:
-    from executorch.devtools.backend_debug import get_delegation_info
-
-    edge = to_edge(programs, target, constant_methods)
-    reports = {name: delegation_report(
-        get_delegation_info(edge.exported_program(name).graph_module), target)
-        for name in programs}
-    with quiet():
-        buffer = edge.to_executorch().buffer
-    report = reports.pop("forward")
-    if reports:
-        report["methods"] = reports
-    return buffer, report
-
-
-def delegation_report(info, target: str) -> dict:
+def delegation_report(info) -> dict:
     outside = {b.op_type: b.non_delegated for b in info.delegation_by_operator.values()
                if b.non_delegated}
     delegated, left = info.num_delegated_nodes, info.num_non_delegated_nodes
-    return {"backend": "XnnpackBackend" if target == "xnnpack" else None,
-            "delegated_subgraphs": info.num_delegated_subgraphs,
+    return {"backend": "XnnpackBackend", "delegated_subgraphs": info.num_delegated_subgraphs,
             "delegated_nodes": delegated, "non_delegated_nodes": left,
             "delegated_fraction": round(delegated / max(1, delegated + left), 4),
             "ops_outside_delegate": {op: {"count": n, "why": why_outside(op)}
                                      for op, n in sorted(outside.items())}}
+
+
+class ExecuTorchTarget:
+    backend = "executorch"
+    forms = ("explicit-state", "runner")
+    activation_dtype = "int8"
+    tool = "torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer"
+
+    def __init__(self, name: str, delegated: bool):
+        self.name, self.delegated = name, delegated
+        # int8 needs a backend with int8 kernels: the portable kernels have none.
+        self.schemes = ("int8", "int8-dynamic") if delegated else ()
+
+    def trace(self, module, form, cfg, max_len: int) -> dict[str, Traced]:
+        return {name: Traced(export_program(module, example.inputs, example.shapes), example)
+                for name, example in form.methods(cfg, max_len).items()}
+
+    def quantize(self, exported, form, cfg, max_len: int, spec: q.QuantSpec, rows):
+        args = form.calibration_inputs(cfg, max_len, rows)
+        # One calibrated, converted module; every method is re-traced from it (shared weights).
+        module, ops = q.quantize_pt2e(exported["forward"].program, spec, args)
+        return {name: Traced(q.retrace(module, t.example.inputs, t.example.flat_shapes),
+                             t.example) for name, t in exported.items()}, ops
+
+    def lower(self, exported, form, cfg, max_len: int) -> tuple[bytes, dict | None]:
+        from executorch.devtools.backend_debug import get_delegation_info
+
+        programs = {name: t.program for name, t in exported.items()}
+        edge = to_edge(programs, self.delegated, form.constant_methods(cfg, max_len))
+        reports = {name: delegation_report(get_delegation_info(
+            edge.exported_program(name).graph_module)) for name in programs}
+        with quiet():
+            buffer = edge.to_executorch().buffer
+        if not self.delegated:
+            return buffer, None
+        report = reports.pop("forward")
+        if reports:
+            report["methods"] = reports
+        return buffer, report
+
+
+XNNPACK = ExecuTorchTarget("xnnpack", delegated=True)
+PORTABLE = ExecuTorchTarget("portable", delegated=False)

@@ -1,59 +1,59 @@
-"""ONNX target: the explicit-state graph through torch.onnx's dynamo exporter (opset 18+).
+"""The ONNX target: explicit-state graphs for ONNX Runtime (opset 18+).
 
-Contract: `export_onnx_program(model, max_seq_len)` gives the ONNX program with the I/O names of
-`graphs.input_names/output_names`, dynamic `seq_len` (>= 1) and `past_len` (>= 0, an empty past
-works); `serialize_onnx` checks a ModelProto with `onnx.checker.check_model(full_check=True)` and returns
-single-file model bytes.
+Contract: `ONNX` provides the pipeline's target stages.
+- `trace`: torch.onnx's dynamo exporter (optimized) of the form's `forward`, with the contract's
+  I/O names, dynamic chunk length S (>= 1) and past length P (>= 0: an empty past works);
+- `quantize`: ONNX Runtime's quantizer (`quantize.quantize_onnx`), calibration inputs fed by
+  name;
+- `lower`: `onnx.checker.check_model(full_check=True)` and single-file model bytes; no
+  delegation report.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
 import torch
 
 from psa_edge.errors import ExportError
-from psa_edge.export.graphs import (ExplicitStateGraph, dynamic_shapes, example_inputs,
-                                    input_names)
-from psa_edge.model.transformer import PSATransformer
+from psa_edge.export import quantize as q
+from psa_edge.export import quiet
+from psa_edge.export.forms import Traced, graph_io
 
 
-@contextlib.contextmanager
-def quiet():
-    """The exporters print progress and warnings of their own; keep the CLI's output ours."""
-    # torchao warns on import about its optional CUDA kernels, which a CPU build lacks.
-    for name in ("torch", "torchao"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
+class OnnxTarget:
+    name = "onnx"
+    backend = "onnxruntime"
+    forms = ("explicit-state",)
+    schemes = ("int8", "int8-dynamic")
+    activation_dtype = "uint8"  # ONNX Runtime's CPU kernels want U8S8 (quantize.quantize_onnx)
+    tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic)"
+
+    def trace(self, module, form, cfg, max_len: int) -> dict[str, Traced]:
+        example = form.methods(cfg, max_len)["forward"]
+        io = graph_io(cfg, max_len, form.name)
+        with quiet(), torch.no_grad():
+            program = torch.onnx.export(
+                module, example.inputs, dynamic_shapes=example.shapes,
+                input_names=list(io.input_names), output_names=list(io.output_names),
+                dynamo=True, optimize=True, verbose=False)
+        return {"forward": Traced(program.model_proto, example)}
+
+    def quantize(self, exported, form, cfg, max_len: int, spec: q.QuantSpec, rows):
+        io = graph_io(cfg, max_len, form.name)
+        feeds = [dict(zip(io.input_names, (t.numpy() for t in inputs)))
+                 for inputs in form.calibration_inputs(cfg, max_len, rows)]
+        proto, ops = q.quantize_onnx(exported["forward"].program, spec, feeds)
+        return {"forward": Traced(proto, exported["forward"].example)}, ops
+
+    def lower(self, exported, form, cfg, max_len: int) -> tuple[bytes, None]:
+        import onnx
+
+        proto = exported["forward"].program
+        try:
+            onnx.checker.check_model(proto, full_check=True)
+        except onnx.checker.ValidationError as exc:
+            raise ExportError(f"exported ONNX graph fails onnx.checker: "
+                              f"{str(exc).splitlines()[0]}")
+        return proto.SerializeToString(), None
 
 
-def export_onnx_program(model: PSATransformer, max_seq_len: int, decode: bool = False,
-                        graph: ExplicitStateGraph | None = None):
-    """The explicit-state graph as a torch.onnx ONNXProgram (dynamo exporter, optimized).
-    `decode=True` fixes the chunk length at 1 (a decode-only graph); `graph` replaces
-    `ExplicitStateGraph(model)` by a subclass with other outputs (`graph_outputs()`). Both are
-    for tools/decode_profile.py's comparisons; the exporter ships neither."""
-    cfg = model.cfg
-    graph = (graph or ExplicitStateGraph(model)).eval()
-    # Example sizes 3 and 4: torch.export specialises dims whose example size is 0 or 1.
-    with quiet(), torch.no_grad():
-        return torch.onnx.export(
-            graph, example_inputs(cfg, 1 if decode else 3, 4),
-            dynamic_shapes=dynamic_shapes(cfg, max_seq_len, decode),
-            input_names=input_names(cfg), output_names=graph.graph_outputs(), dynamo=True,
-            optimize=True, verbose=False)
-
-
-def serialize_onnx(proto) -> bytes:
-    """Single-file model bytes of a ModelProto, after `onnx.checker.check_model(full_check=True)`."""
-    import onnx
-
-    try:
-        onnx.checker.check_model(proto, full_check=True)
-    except onnx.checker.ValidationError as exc:
-        raise ExportError(f"exported ONNX graph fails onnx.checker: {str(exc).splitlines()[0]}")
-    return proto.SerializeToString()
+ONNX = OnnxTarget()

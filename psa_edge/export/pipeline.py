@@ -1,11 +1,12 @@
 """The export pipeline, in one place: load -> transform -> export -> quantize -> lower -> save.
 
 Contract: `run_export(request)` checks the request (target, form, max length, quantization,
-output directory) before any heavy work, then runs the stages in order. `quantize` is a
-pass-through for float exports and the int8 flow of `quantize.py` otherwise. `save` writes the
-artifact under a temporary name, checks parity against the eager fp32 reference on it (fp32
-tolerance, or the int8 agreement/error bounds of `parity.py`), and only then renames it into
-place and writes its manifest (SPEC §7); a failed parity check leaves nothing behind.
+output) before any heavy work, then runs the stages in order. The target (`TARGETS`) and the
+form (`forms.FORMS`) are objects that provide what differs between them, so no stage branches
+on their names. `quantize` is a pass-through for float exports. `save` builds the artifact
+folder under a temporary name (model file, tokenizer, manifest), opens it as a device would and
+checks parity against the eager fp32 reference (`checks.parity`), and only then renames the
+folder into place (docs/spec.md §8); a failed check leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -15,25 +16,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-
+from psa_edge.checks.parity import PROBE_LEN, failure_message, probe_parity
+from psa_edge.checks.reference import Reference
+from psa_edge.contract import MANIFEST, MODEL_FILES, TOKENIZER
 from psa_edge.errors import ExportError
-from psa_edge.export import executorch_target as et
 from psa_edge.export import quantize as q
-from psa_edge.export.graphs import (ExplicitStateGraph, RunnerGraph, dynamic_shapes,
-                                    example_inputs, input_names, output_names, raw_fields,
-                                    state_fields, state_shape)
-from psa_edge.export.onnx_target import export_onnx_program, serialize_onnx
-from psa_edge.export.parity import PROBE_LEN, failure_message, probe_parity
-from psa_edge.io import atomic_output, check_writable_dir, sha256_file, versions, write_manifest
+from psa_edge.export.executorch_target import PORTABLE, XNNPACK
+from psa_edge.export.forms import FORMS, Traced, graph_io
+from psa_edge.export.onnx_target import ONNX
+from psa_edge.io import atomic_directory, check_writable_dir, sha256_file, versions, write_json
 from psa_edge.model.checkpoint import load_checkpoint
 from psa_edge.model.transformer import PSATransformer, twin_of
 from psa_edge.tokenizer import write_hf_tokenizer
 
-TARGETS = ("xnnpack", "portable", "onnx")
-FORMS = ("explicit-state", "runner")
-SUFFIX = {"onnx": ".onnx", "xnnpack": ".pte", "portable": ".pte"}
+TARGETS = {target.name: target for target in (XNNPACK, PORTABLE, ONNX)}
+
+Exported = dict[str, Traced]  # method name -> traced graph
 
 
 @dataclass(frozen=True)
@@ -47,26 +45,19 @@ class ExportRequest:
     quant: q.QuantSpec | None = None
 
     def default_output(self) -> Path:
-        parts = [self.checkpoint.stem] + ([] if self.target == "onnx" else [self.target])
+        parts = [Path(self.checkpoint).stem, self.target]
         if self.form == "runner":
             parts.append("runner")
         if self.quant:
             parts.append(self.quant.scheme)
         if self.twin:
             parts.append("twin")
-        return self.checkpoint.with_name(".".join(parts) + SUFFIX[self.target])
+        return Path(self.checkpoint).with_name("-".join(parts))
 
-
-@dataclass(frozen=True)
-class Traced:
-    """One method's traced graph (an ExportedProgram, or the ONNX ModelProto) and what
-    re-tracing it needs: flat example inputs and dynamic shapes, one entry per graph input."""
-    program: object
-    example: tuple
-    flat_shapes: tuple
-
-
-Exported = dict[str, Traced]  # method name -> traced graph
+    @property
+    def stages(self):
+        """The target and form objects."""
+        return TARGETS[self.target], FORMS[self.form]
 
 
 def check_request(req: ExportRequest) -> ExportRequest:
@@ -74,14 +65,15 @@ def check_request(req: ExportRequest) -> ExportRequest:
         raise ExportError(f"unknown target {req.target!r}; choose one of {', '.join(TARGETS)}")
     if req.form not in FORMS:
         raise ExportError(f"unknown form {req.form!r}; choose one of {', '.join(FORMS)}")
-    if req.form == "runner" and req.target == "onnx":
-        raise ExportError("the runner form is an ExecuTorch program; use --target xnnpack or "
-                          "portable")
+    target, _ = req.stages
+    if req.form not in target.forms:
+        raise ExportError(f"the {req.form} form is an ExecuTorch program; use --target "
+                          f"xnnpack or portable")
     if req.max_seq_len is not None and req.max_seq_len < PROBE_LEN:
         raise ExportError(f"--max-seq-len {req.max_seq_len} is below the parity probe length "
                           f"{PROBE_LEN}")
     if req.quant is not None:
-        q.check_spec(req.quant, req.target)
+        q.check_spec(req.quant, target.schemes)
     output = Path(req.output) if req.output else req.default_output()
     check_writable_dir(output)
     return dataclasses.replace(req, output=output)
@@ -94,7 +86,7 @@ def load(req: ExportRequest) -> tuple[PSATransformer, dict]:
 
 
 def transform(model: PSATransformer, req: ExportRequest) -> PSATransformer:
-    """fp32, eval mode; with `twin`, the same weights with gamma set to 0 (SPEC §1)."""
+    """fp32, eval mode; with `twin`, the same weights with gamma set to 0 (docs/spec.md §1)."""
     if req.twin:
         model = twin_of(model)
     return model.float().eval()
@@ -105,99 +97,58 @@ def max_len(model: PSATransformer, req: ExportRequest) -> int:
 
 
 def export(model: PSATransformer, req: ExportRequest) -> Exported:
-    """torch.export of the requested graph form, per method (ONNX: one ModelProto)."""
-    cfg, length = model.cfg, max_len(model, req)
-    if req.target == "onnx":
-        return {"forward": Traced(export_onnx_program(model, length).model_proto, (), ())}
-    if req.form == "runner":
-        from torch.export import Dim
-
-        graph = RunnerGraph(model, length).eval()
-        inputs = (torch.zeros(1, 3, dtype=torch.long), torch.tensor([0], dtype=torch.long))
-        shapes = ({1: Dim("seq_len", min=1, max=length)}, None)
-        return {"forward": Traced(et.export_program(graph, inputs, shapes), inputs, shapes)}
-    graph, methods = ExplicitStateGraph(model).eval(), {}
-    for name, seq_len in (("forward", 3), ("decode", 1)):
-        # Example sizes 3 and 4: torch.export specialises dims whose example size is 0 or 1.
-        inputs = example_inputs(cfg, seq_len, 4)
-        shapes = dynamic_shapes(cfg, length, decode=name == "decode")
-        methods[name] = Traced(et.export_program(graph, inputs, shapes), inputs,
-                               (shapes[0], *shapes[1]))
-    return methods
+    """The form's module traced by the target, per method."""
+    target, form = req.stages
+    length = max_len(model, req)
+    return target.trace(form.module(model, length), form, model.cfg, length)
 
 
 def quantize(exported: Exported, model: PSATransformer, source: dict, req: ExportRequest
              ) -> tuple[Exported, dict | None]:
-    """int8 (SPEC §5) or, for a float export, a pass-through. Returns the manifest record."""
+    """int8 (docs/spec.md §6) or, for a float export, a pass-through; and the manifest's
+    record of it."""
     spec = req.quant
     if spec is None:
         return exported, None
-    cfg, tokens = model.cfg, None
-    if spec.static:
-        tokens = q.calibration_tokens(source["task"], spec, cfg.vocab_size, max_len(model, req))
+    target, form = req.stages
+    length = max_len(model, req)
+    tokens = (q.calibration_tokens(source["task"], spec, model.cfg.vocab_size, length)
+              if spec.static else None)
     rows = [] if tokens is None else list(tokens)
-    if req.target == "onnx":
-        empty = {f"past_key_values.{i}.{f}": np.zeros(state_shape(cfg, f, 0), np.float32)
-                 for i in range(cfg.num_hidden_layers) for f in state_fields(cfg)}
-        feeds = [{"input_ids": row[None].astype(np.int64), **empty} for row in rows]
-        proto, ops = q.quantize_onnx(exported["forward"].program, spec, feeds)
-        quantized = {"forward": Traced(proto, (), ())}
-        tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic)"
-    else:
-        if req.form == "runner":
-            args = [(torch.from_numpy(r)[None], torch.tensor([0])) for r in rows]
-        else:
-            args = [(torch.from_numpy(r)[None], *example_inputs(cfg, 1, 0)[1:]) for r in rows]
-        # One calibrated, converted module; every method is re-traced from it (shared weights).
-        module, ops = q.quantize_pt2e(exported["forward"].program, spec, args)
-        quantized = {name: Traced(q.retrace(module, t.example, t.flat_shapes), t.example,
-                                  t.flat_shapes) for name, t in exported.items()}
-        tool = "torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer"
-    record = q.calibration_record(source["task"], tokens, spec, tool, req.target)
+    quantized, ops = target.quantize(exported, form, model.cfg, length, spec, rows)
+    record = q.calibration_record(source["task"], tokens, spec, target.tool,
+                                  target.activation_dtype)
     return quantized, {**record, **ops}
 
 
 def lower(exported: Exported, model: PSATransformer, req: ExportRequest
           ) -> tuple[bytes, dict | None]:
-    if req.target == "onnx":
-        return serialize_onnx(exported["forward"].program), None
-    constants = (et.runner_metadata(model.cfg, max_len(model, req)) if req.form == "runner"
-                 else None)
-    return et.lower_pte({name: t.program for name, t in exported.items()}, req.target,
-                        constants)
+    target, form = req.stages
+    return target.lower(exported, form, model.cfg, max_len(model, req))
 
 
 def save(artifact: bytes, delegation: dict | None, quantization: dict | None,
          model: PSATransformer, source: dict, req: ExportRequest, seconds: float) -> dict:
-    cfg = model.cfg
+    cfg, length = model.cfg, max_len(model, req)
+    target, form = req.stages
     manifest = {
-        "kind": "artifact", "target": req.target, "form": req.form,
-        "backend": "onnxruntime" if req.target == "onnx" else "executorch",
-        "quantization": quantization, "twin": req.twin, "max_seq_len": max_len(model, req),
+        "kind": "artifact", "target": req.target, "form": req.form, "backend": target.backend,
+        "quantization": quantization, "twin": req.twin, "max_seq_len": length,
         "source_checkpoint": source, "config": cfg.to_dict(), "variant": cfg.variant,
         "gamma_q": cfg.gamma_q, "gamma_k": cfg.gamma_k,
-        "io": {"inputs": input_names(cfg), "outputs": output_names(cfg),
-               "state_fields": state_fields(cfg), "raw_fields": raw_fields(cfg)},
-        "delegation": delegation, "versions": versions(), "export_seconds": round(seconds, 2),
-        "size_bytes": len(artifact),
+        "io": graph_io(cfg, length, form.name).manifest_block(), "delegation": delegation,
+        "versions": versions(), "export_seconds": round(seconds, 2), "size_bytes": len(artifact),
     }
-    if req.form == "runner":
-        manifest["io"] = {"inputs": ["tokens", "input_pos"], "outputs": ["logits"],
-                          "methods": et.runner_metadata(cfg, max_len(model, req)),
-                          "state_fields": state_fields(cfg)}
-        manifest["tokenizer"] = tokenizer_path(req.output).name
-    with atomic_output(req.output) as tmp:
-        tmp.write_bytes(artifact)
-        manifest["parity"] = parity = probe_parity(model, tmp, manifest)
+    with atomic_directory(req.output) as folder:
+        (folder / MODEL_FILES[req.target]).write_bytes(artifact)
+        write_hf_tokenizer(folder / TOKENIZER, cfg.vocab_size)
+        manifest["files"] = {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
+        write_json(folder / MANIFEST, manifest)
+        manifest["parity"] = parity = probe_parity(Reference(model), folder)
         if not parity["passed"]:
             raise ExportError(failure_message(parity))
-    if req.form == "runner":  # the tokenizer file ExecuTorch's TextLLMRunner loads
-        write_hf_tokenizer(tokenizer_path(req.output), cfg.vocab_size)
-    return write_manifest(req.output, manifest)
-
-
-def tokenizer_path(artifact: Path) -> Path:
-    return artifact.with_name(artifact.name.removesuffix(".pte") + ".tokenizer.json")
+        write_json(folder / MANIFEST, manifest)
+    return manifest
 
 
 def run_export(req: ExportRequest) -> dict:

@@ -1,4 +1,4 @@
-"""int8 quantization: the `quantize` stage of the export pipeline (SPEC §5).
+"""int8 quantization: the `quantize` stage of the export pipeline (docs/spec.md §6).
 
 Contract:
 - `QuantSpec` names a scheme: `int8` (static activations, calibrated) or `int8-dynamic`
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from psa_edge.errors import ExportError
-from psa_edge.export.onnx_target import quiet
+from psa_edge.export import quiet
 
 SCHEMES = ("int8", "int8-dynamic")
 CALIBRATION_SEED_BASE = 0x0CA1  # calibration draws never reuse the trainer's batch seeds
@@ -53,11 +53,11 @@ class QuantSpec:
         return self.scheme == "int8"
 
 
-def check_spec(spec: QuantSpec, target: str) -> None:
+def check_spec(spec: QuantSpec, target_schemes: tuple[str, ...]) -> None:
     if spec.scheme not in SCHEMES:
         raise ExportError(f"unknown quantization {spec.scheme!r}; choose one of "
                           f"{', '.join(SCHEMES)}")
-    if target == "portable":
+    if spec.scheme not in target_schemes:
         raise ExportError("int8 needs a backend with int8 kernels; use --target xnnpack or onnx")
     if spec.static and spec.calibration_samples < 1:
         raise ExportError(f"--calibration-samples must be positive, got "
@@ -83,18 +83,17 @@ def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
     return tokens[:, :max_len]
 
 
-def activations(spec: QuantSpec, target: str) -> str:
+def activations(spec: QuantSpec, dtype: str) -> str:
     """How the linears' input activations are quantized (the manifest's record). ONNX Runtime's
     CPU kernels want them as uint8, ExecuTorch's XNNPACK quantizer makes int8."""
-    dtype = "uint8" if target == "onnx" else "int8"
     return (f"{dtype} per-tensor, static (calibrated)" if spec.static
             else f"{dtype}, dynamic (scales computed per call)")
 
 
 def calibration_record(task_dict: dict | None, tokens: np.ndarray | None, spec: QuantSpec,
-                       tool: str, target: str) -> dict:
+                       tool: str, activation_dtype: str) -> dict:
     record = {"scheme": spec.scheme, "tool": tool, "weights": "int8 per-channel symmetric",
-              "activations": activations(spec, target),
+              "activations": activations(spec, activation_dtype),
               "keep_shear_fp32": spec.keep_shear_fp32, "calibration": None}
     if tokens is not None:
         record["calibration"] = {

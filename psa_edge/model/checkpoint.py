@@ -1,4 +1,4 @@
-"""The `model.pt` checkpoint format (SPEC §7).
+"""The `model.pt` checkpoint format (docs/spec.md §8).
 
 A checkpoint is a dict of plain data: `format` (FORMAT_TAG), `version`, `config` (ModelConfig
 dict), `state_dict` (str -> tensor, LlamaForCausalLM names) and `metadata` (task, training
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from psa_edge.errors import CheckpointError, ConfigError
-from psa_edge.io import atomic_output, versions, write_manifest
+from psa_edge.io import atomic_output, manifest_path, sha256_file, versions, write_json
 from psa_edge.model.config import ModelConfig
 from psa_edge.model.transformer import PSATransformer
 
@@ -33,10 +33,12 @@ def save_checkpoint(path: str | os.PathLike, model: PSATransformer, metadata: di
     }
     with atomic_output(path) as tmp:
         torch.save(payload, tmp)
-    return write_manifest(path, {"kind": "checkpoint", "config": model.cfg.to_dict(),
-                                 "gamma_q": model.cfg.gamma_q, "gamma_k": model.cfg.gamma_k,
-                                 "variant": model.cfg.variant, "versions": versions(),
-                                 "metadata": metadata})
+    manifest = {"kind": "checkpoint", "artifact": Path(path).name,
+                "artifact_sha256": sha256_file(path), "config": model.cfg.to_dict(),
+                "gamma_q": model.cfg.gamma_q, "gamma_k": model.cfg.gamma_k,
+                "variant": model.cfg.variant, "versions": versions(), "metadata": metadata}
+    write_json(manifest_path(path), manifest)
+    return manifest
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:

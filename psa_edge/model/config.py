@@ -1,6 +1,6 @@
 """Model configuration: `LlamaConfig` fields plus the PSA shear, and the named presets.
 
-Contract (SPEC §1): every field except `gamma_q`, `gamma_k` and `variant` has the name and meaning
+Contract (docs/spec.md §1): every field except `gamma_q`, `gamma_k` and `variant` has the name and meaning
 of the Hugging Face `LlamaConfig` field of the same name, so `to_llama_dict()` is a valid
 `LlamaConfig(**d)` argument set. The variant names a shear layout and constrains the gammas:
 
@@ -88,7 +88,7 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def twin(self) -> "ModelConfig":
-        """The gamma = 0 twin: same architecture, plain attention (SPEC §1)."""
+        """The gamma = 0 twin: same architecture, plain attention (docs/spec.md §1)."""
         return self.replace(gamma_q=0.0, gamma_k=0.0, variant="baseline")
 
 

@@ -1,6 +1,6 @@
 """Small pure tensor functions of the PSA transformer: RMSNorm, RoPE and the shear.
 
-Contract (SPEC §1-2):
+Contract (docs/spec.md §1-§2):
 - `rope_cos_sin(positions, rope_inv_freq(head_dim, theta))` gives the Hugging Face Llama tables
   for integer positions; `apply_rope` uses the rotate-half convention.
 - `shear(x, prev, gamma)` is the upper shear along the sequence axis (dim -2):
@@ -47,7 +47,8 @@ def causal_bias(positions: Tensor, key_len: int) -> Tensor:
     Built once per call and added to every layer's scores, so the per-layer attention
     arithmetic is a plain Add that backends delegate (a boolean masked_fill is not)."""
     visible = torch.arange(key_len, device=positions.device)[None, :] <= positions[:, None]
-    return torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+    return torch.zeros(visible.shape, device=positions.device).masked_fill(~visible,
+                                                                          float("-inf"))
 
 
 def previous(x: Tensor, prev: Tensor) -> Tensor:

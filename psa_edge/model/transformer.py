@@ -1,6 +1,6 @@
 """The PSA transformer: a Llama decoder with the PSA shear after RoPE.
 
-Contract (SPEC §1, §3):
+Contract (docs/spec.md §1, §3):
 - Parameter names are those of Hugging Face `LlamaForCausalLM` (`model.embed_tokens.weight`,
   `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`); no
   parameter depends on gamma, so a gamma = 0 model is a plain Llama model.
@@ -15,6 +15,9 @@ Contract (SPEC §1, §3):
   tokens, the new state and, per layer, the raw post-RoPE keys (and queries when gamma_q != 0) of
   the new positions, which are what a runtime needs to roll the slots back to any position.
   Any chunking of a sequence gives the logits of the full-sequence forward.
+- `decode(input_ids, positions, caches, key_len)` is the one layer loop every form runs: each
+  layer reads its slots from and writes its keys and values to a `LayerCache` (explicit here;
+  the runner form's static cache in psa_edge/export/forms.py).
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class Attention(nn.Module):
 
     def shear_streams(self, query: Tensor, key: Tensor, prev_query: Tensor | None,
                       prev_key: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The sheared query and key (SPEC §1); a stream with gamma = 0 passes unchanged."""
+        """The sheared query and key (docs/spec.md §1); a stream with gamma = 0 passes unchanged."""
         cfg = self.cfg
         if cfg.gamma_k != 0:
             key = shear(key, prev_key, cfg.gamma_k)
@@ -88,21 +91,47 @@ class Attention(nn.Module):
         b, _, s, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, past: LayerState
-                ) -> tuple[Tensor, LayerState, LayerState]:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, cache: "LayerCache"
+                ) -> Tensor:
         query, key, value = self.project(x, cos, sin)
-        sheared_query, sheared_key = self.shear_streams(query, key, past.get("prev_query"),
-                                                        past.get("prev_key"))
-        new_state: LayerState = {"key": torch.cat([past["key"], sheared_key], dim=2),
-                                 "value": torch.cat([past["value"], value], dim=2)}
-        raw: LayerState = {"key": key}
+        sheared_query, sheared_key = self.shear_streams(query, key, cache.prev_query,
+                                                        cache.prev_key)
+        keys, values = cache.update(sheared_key, value, key, query)
+        return self.attend(sheared_query, keys, values, bias)
+
+
+class LayerCache:
+    """Where one layer's attention state lives. The explicit-state form (and training) carries
+    it in and out of the forward: the new sheared keys and values are concatenated onto the
+    past, the slots are read from the past, and `state` / `raw` hold what the call produced.
+    A static-cache form subclasses it (psa_edge/export/forms.py) and writes in place instead."""
+
+    def __init__(self, cfg: ModelConfig, past: LayerState):
+        self.cfg, self.past = cfg, past
+        self.state: LayerState = {}
+        self.raw: LayerState = {}
+
+    @property
+    def prev_key(self) -> Tensor | None:
+        return self.past.get("prev_key")
+
+    @property
+    def prev_query(self) -> Tensor | None:
+        return self.past.get("prev_query")
+
+    def update(self, sheared_key: Tensor, value: Tensor, key: Tensor, query: Tensor
+               ) -> tuple[Tensor, Tensor]:
+        """Store the chunk's sheared keys and values; return every key and value attended."""
+        state = {"key": torch.cat([self.past["key"], sheared_key], dim=2),
+                 "value": torch.cat([self.past["value"], value], dim=2)}
+        self.raw = {"key": key}
         if self.cfg.gamma_k != 0:
-            new_state["prev_key"] = last(key)
+            state["prev_key"] = last(key)
         if self.cfg.gamma_q != 0:
-            new_state["prev_query"] = last(query)
-            raw["query"] = query
-        out = self.attend(sheared_query, new_state["key"], new_state["value"], bias)
-        return out, new_state, raw
+            state["prev_query"] = last(query)
+            self.raw["query"] = query
+        self.state = state
+        return state["key"], state["value"]
 
 
 class MLP(nn.Module):
@@ -124,10 +153,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, bias, past):
-        attn_out, new_state, raw = self.self_attn(self.input_layernorm(x), cos, sin, bias, past)
-        x = x + attn_out
-        return x + self.mlp(self.post_attention_layernorm(x)), new_state, raw
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, cache: LayerCache
+                ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, bias, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
@@ -171,21 +200,25 @@ class PSATransformer(nn.Module):
             state.append(layer)
         return state
 
+    def decode(self, input_ids: Tensor, positions: Tensor, caches: list[LayerCache],
+               key_len: int) -> Tensor:
+        """Logits of a chunk at `positions`, each layer reading and writing its cache; the
+        causal mask spans `key_len` cached positions. Every form runs this loop."""
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        bias = causal_bias(positions, key_len)
+        x = self.model.embed_tokens(input_ids)
+        for layer, cache in zip(self.model.layers, caches):
+            x = layer(x, cos, sin, bias, cache)
+        return self.lm_head(self.model.norm(x))
+
     def forward_with_state(self, input_ids: Tensor, state: list[LayerState]
                            ) -> tuple[Tensor, list[LayerState], list[LayerState]]:
         past_len = state[0]["key"].shape[2]
         seq_len = input_ids.shape[1]
         positions = torch.arange(seq_len, device=input_ids.device) + past_len
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
-        bias = causal_bias(positions, past_len + seq_len)
-
-        x = self.model.embed_tokens(input_ids)
-        new_state, raws = [], []
-        for layer, past in zip(self.model.layers, state):
-            x, layer_state, raw = layer(x, cos, sin, bias, past)
-            new_state.append(layer_state)
-            raws.append(raw)
-        return self.lm_head(self.model.norm(x)), new_state, raws
+        caches = [LayerCache(self.cfg, past) for past in state]
+        logits = self.decode(input_ids, positions, caches, past_len + seq_len)
+        return logits, [c.state for c in caches], [c.raw for c in caches]
 
     def forward(self, input_ids: Tensor) -> Tensor:
         logits, _, _ = self.forward_with_state(input_ids, self.empty_state(input_ids.shape[0]))
@@ -193,7 +226,7 @@ class PSATransformer(nn.Module):
 
 
 def twin_of(model: PSATransformer) -> PSATransformer:
-    """The gamma = 0 twin (SPEC §1): the same config and weights with plain attention."""
+    """The gamma = 0 twin (docs/spec.md §1): the same config and weights with plain attention."""
     twin = PSATransformer(model.cfg.twin())
     twin.load_state_dict(model.state_dict())
     return twin.eval()

@@ -1,5 +1,5 @@
 """`psa-edge bench`: prefill and decode speed of an artifact, modelled on llama.cpp's
-llama-bench (SPEC §6). numpy + onnxruntime; ExecuTorch only for a .pte.
+llama-bench (docs/spec.md §7). numpy + onnxruntime; ExecuTorch only for a .pte.
 
 Contract: `run_bench(artifact, spec, vs=None)`:
 - tests: `pp{p}` (prefill of p tokens in one call) and `tg{n}` (n decode calls of one token),
@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from psa_edge.errors import ArtifactError, SequenceError
-from psa_edge.io import native_output_captured
-from psa_edge.runtime.graph import read_manifest, same_architecture
+from psa_edge.contract import TOKENIZER, same_architecture
+from psa_edge.io import artifact_folder, native_output_captured, read_artifact
 from psa_edge.runtime.session import open_session
 
 
@@ -108,55 +108,42 @@ def flops_per_token(cfg: dict, context: int) -> dict:
 
 
 class Runner:
-    """One artifact under test: prefill and decode timers over its own interface."""
+    """One artifact under test: prefill and decode timers over its session (either form)."""
 
     def __init__(self, artifact: Path, threads: int | None):
         before = rss_bytes()
-        self.artifact, self.manifest = artifact, read_manifest(artifact)
-        self.form, self.threads = self.manifest.get("form"), threads
+        self.artifact, self.threads = artifact, threads
         self.open()
-        self.vocab = self.manifest["config"]["vocab_size"]
+        self.manifest = self.session.manifest
         self.load_rss = rss_bytes() - before
 
     def open(self) -> None:
-        """Open the artifact afresh; the previous program or session is released first."""
-        self.program = self.session = None
-        if self.form == "runner":
-            from psa_edge.executorch_backend import RunnerProgram
-
-            self.program = RunnerProgram(self.artifact)
-        else:
-            self.session = open_session(self.artifact, self.threads)
+        """Open the artifact afresh; the previous session (and its program) is released first."""
+        self.session = None
+        self.session = open_session(self.artifact, self.threads)
 
     def warm_up(self, context: np.ndarray, prompt: np.ndarray, gen: np.ndarray) -> float:
         """One prefill and a few decode steps; returns the median seconds per decode step."""
         self.prefill(context, prompt)
         return statistics.median(self.decode(context, gen[:8]))
 
-    def _call(self, tokens: np.ndarray, position: int) -> None:
-        if self.form == "runner":
-            self.program.run(tokens, position)
-        else:
-            self.session.feed(tokens)
-
     def start(self, context: np.ndarray) -> None:
-        if self.form != "runner":
-            self.session.reset()
+        self.session.reset()
         if context.size:
-            self._call(context, 0)
+            self.session.feed(context)
 
     def prefill(self, context: np.ndarray, prompt: np.ndarray) -> float:
         self.start(context)
         started = time.perf_counter()
-        self._call(prompt, context.size)
+        self.session.feed(prompt)
         return time.perf_counter() - started
 
     def steps(self, tokens: np.ndarray, position: int, first: int, stop: int) -> list[float]:
         """Seconds of each decode call for `tokens[first:stop]`, `tokens[0]` at `position`."""
-        times = []
+        times, feed = [], self.session.feed
         for i in range(first, min(stop, tokens.size)):
             started = time.perf_counter()
-            self._call(tokens[i:i + 1], position + i)
+            feed(tokens[i:i + 1])
             times.append(time.perf_counter() - started)
         return times
 
@@ -183,10 +170,10 @@ def turn_length(seconds_per_token: float) -> int:
     return max(1, round(TURN_SECONDS / seconds_per_token))
 
 
-def set_threads(artifacts: list[Path], threads: int | None) -> str:
+def set_threads(manifests: list[dict], threads: int | None) -> str:
     """Thread count per backend; ExecuTorch's threadpool is process-wide."""
-    if any(read_manifest(a, check_hash=False).get("backend") == "executorch" for a in artifacts):
-        from psa_edge.executorch_backend import set_threads as set_executorch_threads
+    if any(m.get("backend") == "executorch" for m in manifests):
+        from psa_edge.backends.executorch import set_threads as set_executorch_threads
 
         return str(set_executorch_threads(threads))
     return str(threads) if threads else f"onnxruntime default ({os.cpu_count()} cores)"
@@ -261,7 +248,7 @@ def prepare_bench(artifact: Path, spec: BenchSpec, vs: Path | None = None) -> Be
     """Every check of the input, then the artifacts opened (`PsaEdgeError` on bad input)."""
     artifact = Path(artifact)
     paths = [artifact] + ([Path(vs)] if vs else [])
-    manifests = [read_manifest(p) for p in paths]
+    manifests = [read_artifact(p, check_hash=False).manifest for p in paths]
     if vs:
         check_pair(manifests[0], manifests[1], (artifact.name, Path(vs).name))
     max_len = manifests[0]["max_seq_len"]
@@ -269,7 +256,7 @@ def prepare_bench(artifact: Path, spec: BenchSpec, vs: Path | None = None) -> Be
                                                                 spec.reps) < 1:
         raise SequenceError(f"depth {spec.depth} + max(p {spec.prompt}, n {spec.gen}) must fit "
                             f"the artifact's max length {max_len}, with p, n, r >= 1")
-    threads = set_threads(paths, spec.threads)
+    threads = set_threads(manifests, spec.threads)
     return Bench(spec, [Runner(p, spec.threads) for p in paths], manifests, threads, bool(vs))
 
 
@@ -280,7 +267,7 @@ def run_bench(artifact: Path, spec: BenchSpec, vs: Path | None = None, progress=
 def execute(bench: Bench, progress=None) -> dict:
     spec, runners, manifests, vs = bench.spec, bench.runners, bench.manifests, bench.has_twin
     rng = np.random.default_rng(0)
-    vocab = runners[0].vocab
+    vocab = runners[0].session.io.vocab_size
     context = rng.integers(0, vocab, size=spec.depth)
     prompt, gen = rng.integers(0, vocab, size=spec.prompt), rng.integers(0, vocab, size=spec.gen)
     pp = [[] for _ in runners]
@@ -306,10 +293,10 @@ def execute(bench: Bench, progress=None) -> dict:
         steps = np.concatenate(tg[i])
         results.append({
             "artifact": str(r.artifact), "label": "twin" if vs and i == 1 else "artifact",
-            "target": m.get("target"), "backend": m.get("backend"), "form": r.form,
+            "target": m.get("target"), "backend": m.get("backend"), "form": m.get("form"),
             "precision": (m.get("quantization") or {}).get("scheme", "fp32"),
             "variant": m.get("variant"), "gamma_k": m.get("gamma_k"),
-            "gamma_q": m.get("gamma_q"), "size_bytes": r.artifact.stat().st_size,
+            "gamma_q": m.get("gamma_q"), "size_bytes": r.session.manifest["size_bytes"],
             "load_rss_bytes": r.load_rss,
             f"pp{spec.prompt}": {**summarize(pp[i], spec.prompt),
                                  "ttft_ms_mean": 1e3 * statistics.mean(pp[i])},
@@ -326,7 +313,7 @@ def execute(bench: Bench, progress=None) -> dict:
             f"tg{spec.gen}_time": ratio([sum(t) for t in tg[0]], [sum(t) for t in tg[1]]),
             f"tg{spec.gen}_latency_p50": ratio([float(np.median(t)) for t in tg[0]],
                                                [float(np.median(t)) for t in tg[1]])}
-    if runners[0].form == "runner":
+    if manifests[0].get("form") == "runner":
         stats = executorch_runner_stats([r.artifact for r in runners], manifests, spec)
         for result, own in zip(results, stats):
             result["executorch_runner"] = own
@@ -361,8 +348,8 @@ def executorch_runner_stats(artifacts: list[Path], manifests: list[dict], spec: 
         for rep in range(spec.reps):
             order = list(range(len(artifacts)))[::1 if rep % 2 == 0 else -1]
             runners = None  # the previous repetition's programs are released first
-            runners = {i: TextLLMRunner(str(artifacts[i]),
-                                        str(artifacts[i].with_name(manifests[i]["tokenizer"])))
+            runners = {i: TextLLMRunner(str(read_artifact(artifacts[i]).model_path),
+                                        str(artifact_folder(artifacts[i]) / TOKENIZER))
                        for i in order}
             for i in order:
                 runners[i].generate(prompt, warm_up, token_callback=ignore,

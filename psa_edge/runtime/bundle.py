@@ -3,7 +3,7 @@
 Contract: `write_bundle(artifacts, out)` checks every artifact against its manifest, then
 writes into a temporary folder beside `out` and renames it into place (an existing non-empty
 `out` is refused, a failure leaves nothing):
-- `models/`: the artifacts, their manifests (and a runner-form program's tokenizer.json);
+- `models/`: the artifact folders (model file, manifest, tokenizer);
 - `psa_edge/`: the device runtime only (the CLI, `runtime/`, errors, io, tokenizer, display):
   numpy + onnxruntime (+ typer, rich for the CLI), ExecuTorch's runtime for a .pte; commands
   that need torch (train, export, ...) are not in it;
@@ -26,15 +26,15 @@ from importlib import metadata
 from pathlib import Path
 
 from psa_edge.errors import OutputError
-from psa_edge.io import manifest_path, sha256_file
-from psa_edge.runtime.graph import read_manifest
+from psa_edge.io import artifact_folder, read_artifact, sha256_file
 
 PACKAGE = Path(__file__).resolve().parent.parent
-RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "tokenizer.py", "display.py", "cli.py",
-                 "executorch_backend.py",
-                 "runtime/__init__.py", "runtime/graph.py", "runtime/session.py",
-                 "runtime/decode.py", "runtime/generate.py", "runtime/speculative.py",
-                 "runtime/run.py", "runtime/bench.py", "runtime/bundle.py"]
+RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "contract.py", "tokenizer.py",
+                 "display.py", "cli.py", "backends/__init__.py", "backends/base.py",
+                 "backends/onnxruntime.py", "backends/executorch.py",
+                 "runtime/__init__.py", "runtime/session.py", "runtime/generate.py",
+                 "runtime/speculative.py", "runtime/run.py", "runtime/bench.py",
+                 "runtime/bundle.py"]
 ONNX_REQUIREMENTS = ("numpy", "onnxruntime", "typer", "rich")
 EXECUTORCH_REQUIREMENTS = ("executorch", "torch")
 
@@ -51,11 +51,11 @@ def pinned(names) -> str:
 
 
 def write_bundle(artifacts: list[Path], out: Path) -> dict:
-    artifacts = [Path(a) for a in artifacts]
     out = Path(out)
     if not artifacts:
         raise OutputError("give at least one artifact to bundle")
-    manifests = [read_manifest(a) for a in artifacts]  # refuses a mismatched manifest
+    artifacts = [artifact_folder(a) for a in artifacts]
+    manifests = [read_artifact(a).manifest for a in artifacts]  # refuses a mismatched manifest
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OutputError(f"{out} exists and is not an empty folder")
     if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
@@ -77,12 +77,8 @@ def write_bundle(artifacts: list[Path], out: Path) -> dict:
 
 def build(root: Path, artifacts: list[Path], manifests: list[dict]) -> None:
     (root / "models").mkdir()
-    for artifact, manifest in zip(artifacts, manifests):
-        shutil.copy2(artifact, root / "models" / artifact.name)
-        shutil.copy2(manifest_path(artifact), root / "models" / manifest_path(artifact).name)
-        if manifest.get("tokenizer"):
-            shutil.copy2(artifact.with_name(manifest["tokenizer"]),
-                         root / "models" / manifest["tokenizer"])
+    for artifact in artifacts:
+        shutil.copytree(artifact, root / "models" / artifact.name)
     for rel in RUNTIME_FILES:
         (root / "psa_edge" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(PACKAGE / rel, root / "psa_edge" / rel)
@@ -139,7 +135,7 @@ pip install -r requirements-onnx.txt          # aarch64 wheels of numpy and onnx
 """
     if has_pte:
         text += f"""
-For a .pte (`{pte or (runner.name if runner else '')}`), ExecuTorch's Python runtime is needed
+For a .pte (`models/{pte or (runner.name if runner else '')}`), ExecuTorch's Python runtime is needed
 as well; its wheel depends on torch (aarch64 CPU wheels exist for both):
 
 ```sh
@@ -165,16 +161,15 @@ cp -r /sdcard/Download/<this folder> ~/bundle && cd ~/bundle
 """
     if runner is not None:
         text += f"""
-ExecuTorch path: the runner-form program `{runner.name}` and its tokenizer
-`{runner.with_name(next(m for a, m in zip(artifacts, manifests) if a == runner)['tokenizer']).name}`
-are what ExecuTorch's own LLM runner loads. Build `llama_main` for Android (arm64-v8a) with the
-NDK as ExecuTorch's LLM documentation describes (`examples/models/llama`), push it with `adb`
-and run it there; its report prints prompt-eval and generation tokens/s:
+ExecuTorch path: the runner-form program `models/{runner.name}/model.pte` and its
+`tokenizer.json` are what ExecuTorch's own LLM runner loads. Build `llama_main` for Android
+(arm64-v8a) with the NDK as ExecuTorch's LLM documentation describes (`examples/models/llama`),
+push it with `adb` and run it there; its report prints prompt-eval and generation tokens/s:
 
 ```sh
-adb push models/{runner.name} models/{runner.name.removesuffix('.pte')}.tokenizer.json /data/local/tmp/psa/
-adb shell "cd /data/local/tmp/psa && ./llama_main --model_path {runner.name} \\
-    --tokenizer_path {runner.name.removesuffix('.pte')}.tokenizer.json --prompt ABCDABC --seq_len 64 --temperature 0"
+adb push models/{runner.name} /data/local/tmp/psa/
+adb shell "cd /data/local/tmp/psa/{runner.name} && ./llama_main --model_path model.pte \\
+    --tokenizer_path tokenizer.json --prompt ABCDABC --seq_len 64 --temperature 0"
 ```
 
 Or load it in ExecuTorch's Android benchmark app (`extension/benchmark/android`), which reports

@@ -115,9 +115,9 @@ def check_request(session: Session, prompt, max_new_tokens: int) -> np.ndarray:
     prompt = session.check(prompt, start=0)
     if max_new_tokens < 1:
         raise SequenceError(f"max new tokens must be >= 1, got {max_new_tokens}")
-    if prompt.size + max_new_tokens > session.spec.max_seq_len:
+    if prompt.size + max_new_tokens > session.io.max_seq_len:
         raise SequenceError(f"prompt of {prompt.size} tokens plus {max_new_tokens} new tokens "
-                            f"exceeds the artifact's max length {session.spec.max_seq_len}")
+                            f"exceeds the artifact's max length {session.io.max_seq_len}")
     return prompt
 
 

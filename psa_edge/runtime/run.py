@@ -1,18 +1,17 @@
 """The generate command's work (numpy + onnxruntime; ExecuTorch only for a .pte).
 
-Contract: `run_generate(...)` parses the prompt (text through the character tokenizer, or
-comma-separated ids) and the stop characters, opens the target (and the draft) session, checks
-everything before generating (bad ids, lengths, a draft of another vocabulary: `PsaEdgeError`),
-then generates plainly or speculatively, streaming tokens to stdout when asked, and prints the
-text with timings and speculative statistics (or JSON).
+Contract: `run_generate(session, ...)` parses the prompt (text through the character tokenizer,
+or comma-separated ids) and the stop characters, opens the draft session, checks everything
+before generating (bad ids, lengths, a draft of another vocabulary: `PsaEdgeError`), then
+generates plainly or speculatively, streaming tokens to stdout when asked, and prints the text
+with timings and speculative statistics (or JSON). The target session is opened by the caller
+(an artifact of either form, or the eager reference of a checkpoint).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-
 from psa_edge.errors import SequenceError
 from psa_edge.runtime.generate import Sampling, generate
 from psa_edge.runtime.session import open_session
@@ -33,10 +32,9 @@ def parse_prompt(prompt: str | None, prompt_ids: str | None, vocab_size: int) ->
                             f"integers")
 
 
-def run_generate(artifact: Path, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p,
+def run_generate(session, label: str, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p,
                  seed, stop, stream, draft, draft_len, prompt_lookup, threads, as_json) -> dict:
-    session = open_session(artifact, threads)
-    vocab = session.spec.vocab_size
+    vocab = session.io.vocab_size
     ids = parse_prompt(prompt, prompt_ids, vocab)
     stops = encode(stop, vocab) if stop else []
     sampling = Sampling(temperature, top_k, top_p, seed)
@@ -56,7 +54,7 @@ def run_generate(artifact: Path, prompt, prompt_ids, max_new_tokens, temperature
     else:
         result = speculative_generate(session, drafter, ids, max_new_tokens, draft_len,
                                       sampling, stops, on_token)
-    report = {"artifact": str(artifact), "backend": session.graph.backend,
+    report = {"artifact": label, "backend": session.backend,
               "prompt_ids": ids, "tokens": result.tokens, "text": decode(result.tokens),
               "speculative": None if drafter is None else
               ("prompt-lookup" if prompt_lookup else str(draft)), **result.summary()}

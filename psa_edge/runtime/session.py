@@ -1,21 +1,24 @@
-"""Incremental-decoding sessions over an explicit-state graph (SPEC §3-4); numpy only.
+"""Incremental-decoding sessions (docs/spec.md §3-§4); numpy only.
 
-Contract: a `Session` owns the state of one sequence on one graph: the KV caches (sheared keys
-and values), the previous-key (and previous-query) slots, the token ids processed so far and
-the logits of the last position.
+Contract: a session owns one sequence on one artifact: the token ids processed so far, the
+logits of the last position, and the state behind them.
 - `feed(tokens)` is one graph call over a chunk `[S]` and returns its logits `[S, V]`. A token
   id outside the vocabulary or a chunk past the artifact's max length raises `SequenceError`
   before anything runs; the state is then untouched and the session still usable.
 - `rollback(length)` returns to any position from `rollback_floor` on without replaying
-  anything: the caches are cut and each slot is set to the raw key (query) of position
-  length-1, which the graph returned for the chunk holding it. The session keeps the raw keys of
-  its recent chunks (at least the last one, else ROLLBACK_WINDOW positions). This is the step
-  after a speculative verify, and lets a draft session drop rejected proposals. Earlier
-  positions are reached with snapshots.
-- `snapshot()` / `restore(snapshot)` copy the whole state (caches, slots, tokens, last logits).
-  A snapshot taken on another artifact is refused (`ArtifactError`).
-- `sizes()` reports the KV-cache bytes (now and at the artifact's max length) and the slot
-  bytes, which do not depend on the length (SPEC §3, invariant 4).
+  anything; this is the step after a speculative verify.
+- `snapshot()` / `restore(snapshot)`: prefix reuse. A snapshot of another artifact is refused.
+- `sizes()` reports the KV-cache bytes and what PSA adds beside them (constant in length).
+Two kinds, chosen by the artifact's form (`open_session`):
+- `Session` (explicit-state graphs and the eager reference): the session holds the state. A
+  rollback cuts the caches and sets each slot to the raw key (query) of position length-1,
+  which the graph returned for the chunk holding it; the raw keys of the recent chunks are kept
+  (at least the last, else ROLLBACK_WINDOW positions). A snapshot copies the whole state.
+- `RunnerSession` (runner-form programs): the static caches and the raw-key window live in the
+  program, so a rollback or a restore only moves the position back: the cache rows before it
+  still hold this sequence, and the program takes the slot from its window. A restore is
+  refused once the program's cache no longer holds the snapshot's tokens or its window no
+  longer reaches back to them.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from psa_edge.contract import GraphIO, State, slots_from
 from psa_edge.errors import ArtifactError, SequenceError
-from psa_edge.runtime.graph import Graph, GraphSpec, State, open_graph, slots_from
+from psa_edge.io import read_artifact
 
 # Positions of raw keys kept for rollback: more than any draft length; about one cache row each.
 ROLLBACK_WINDOW = 64
@@ -34,10 +38,10 @@ ROLLBACK_WINDOW = 64
 
 @dataclass(frozen=True)
 class Snapshot:
-    artifact_sha256: str
-    state: State
+    identity: str
     tokens: tuple[int, ...]
     last_logits: np.ndarray | None
+    state: State | None = None  # a runner-form program keeps its state itself
 
 
 @dataclass(frozen=True)
@@ -50,34 +54,25 @@ class Chunk:
     last_logits_before: np.ndarray | None
 
 
-class Session:
-    def __init__(self, graph: Graph):
-        self.graph = graph
-        self.spec: GraphSpec = graph.spec
-        self.identity = graph.manifest.get("artifact_sha256", "")
+class BaseSession:
+    def __init__(self, io: GraphIO, manifest: dict, identity: str, backend: str):
+        self.io, self.manifest, self.identity, self.backend = io, manifest, identity, backend
         self.reset()
 
     def reset(self) -> None:
-        self.state: State = self.spec.empty_state()
         self.tokens: list[int] = []
         self.last_logits: np.ndarray | None = None
-        self._chunks: list[Chunk] = []
 
     @property
     def length(self) -> int:
         return len(self.tokens)
-
-    @property
-    def rollback_floor(self) -> int:
-        """The earliest position `rollback` can return to."""
-        return self._chunks[0].start if self._chunks else self.length
 
     def check(self, tokens, start: int | None = None) -> np.ndarray:
         """The tokens as int64 `[S]`, refused if they cannot be fed at position `start`
         (default: the current length)."""
         start = self.length if start is None else start
         tokens = np.asarray(tokens).reshape(-1)
-        vocab = self.spec.vocab_size
+        vocab = self.io.vocab_size
         if tokens.size == 0:
             raise SequenceError("no tokens to feed")
         if not np.issubdtype(tokens.dtype, np.integer):
@@ -85,16 +80,45 @@ class Session:
         bad = tokens[(tokens < 0) | (tokens >= vocab)]
         if bad.size:
             raise SequenceError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab})")
-        if start + tokens.size > self.spec.max_seq_len:
+        if start + tokens.size > self.io.max_seq_len:
             raise SequenceError(f"{start} + {tokens.size} tokens exceed the artifact's "
-                                f"max length {self.spec.max_seq_len}")
+                                f"max length {self.io.max_seq_len}")
         return tokens.astype(np.int64)
+
+    def check_rollback(self, length: int) -> bool:
+        """Whether `length` is reachable (False when it is the current length)."""
+        if not self.rollback_floor <= length <= self.length:
+            raise SequenceError(f"can roll back to positions {self.rollback_floor}.."
+                                f"{self.length}, not to {length}; use a snapshot")
+        return length != self.length
+
+    def check_snapshot(self, snapshot: Snapshot) -> None:
+        if snapshot.identity != self.identity:
+            raise ArtifactError("snapshot was taken on another artifact (sha256 "
+                                f"{snapshot.identity[:12]}...), not on this one")
+
+
+class Session(BaseSession):
+    """A sequence over an explicit-state graph (`backends.base.Graph`)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        super().__init__(graph.io, graph.manifest, graph.identity, graph.backend)
+
+    def reset(self) -> None:
+        super().reset()
+        self.state: State = self.io.empty_state()
+        self._chunks: list[Chunk] = []
+
+    @property
+    def rollback_floor(self) -> int:
+        """The earliest position `rollback` can return to."""
+        return self._chunks[0].start if self._chunks else self.length
 
     def feed(self, tokens) -> np.ndarray:
         tokens = self.check(tokens)
         logits, state, raw = self.graph.step(tokens, self.state)
-        # Slots are views of earlier raw outputs, never of IO-binding buffers: kept uncopied.
-        slots = {k: self.state[k] for k in self.spec.slot_keys}
+        slots = {k: self.state[k] for k in self.io.slot_keys}
         self._chunks.append(Chunk(self.length, logits, raw, slots, self.last_logits))
         while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
                 >= ROLLBACK_WINDOW:
@@ -105,18 +129,15 @@ class Session:
         return logits
 
     def rollback(self, length: int) -> None:
-        if not self.rollback_floor <= length <= self.length:
-            raise SequenceError(f"can roll back to positions {self.rollback_floor}.."
-                                f"{self.length}, not to {length}; use a snapshot")
-        if length == self.length:
+        if not self.check_rollback(length):
             return
         while self._chunks[-1].start >= length and len(self._chunks) > 1:
             self._chunks.pop()
         chunk = self._chunks[-1]
         keep = length - chunk.start  # positions of that chunk that stay (0: none of it)
         state = {key: np.ascontiguousarray(self.state[key][:, :, :length])
-                 for key, _, _ in self.spec.cache_io}
-        state.update(chunk.slots_before if keep == 0 else slots_from(chunk.raw, self.spec,
+                 for key, _, _ in self.io.cache_io}
+        state.update(chunk.slots_before if keep == 0 else slots_from(chunk.raw, self.io,
                                                                       keep - 1))
         self.state = state
         del self.tokens[length:]
@@ -125,34 +146,112 @@ class Session:
             self._chunks.pop()
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.identity, {k: v.copy() for k, v in self.state.items()},
-                        tuple(self.tokens),
-                        None if self.last_logits is None else self.last_logits.copy())
+        return Snapshot(self.identity, tuple(self.tokens),
+                        None if self.last_logits is None else self.last_logits.copy(),
+                        {k: v.copy() for k, v in self.state.items()})
 
     def restore(self, snapshot: Snapshot) -> None:
-        if snapshot.artifact_sha256 != self.identity:
-            raise ArtifactError("snapshot was taken on another artifact (sha256 "
-                                f"{snapshot.artifact_sha256[:12]}...), not on this one")
+        self.check_snapshot(snapshot)
         self.state = {k: v.copy() for k, v in snapshot.state.items()}
         self.tokens = list(snapshot.tokens)
         self.last_logits = snapshot.last_logits
         self._chunks = []
 
     def sizes(self) -> dict:
-        """Bytes of the state: caches now and at the max length, and the constant slots."""
-        spec = self.spec
-        cache_now = sum(v.nbytes for k, v in self.state.items()
-                        if k.split(".")[1] in ("key", "value"))
-        per_position = sum(4 * int(np.prod(spec.shape(k.split(".")[1], 1)))
-                           for k in self.state if k.split(".")[1] in ("key", "value"))
-        slots = sum(self.state[k].nbytes for k in spec.slot_keys)
-        return {"length": self.length, "max_seq_len": spec.max_seq_len,
-                "kv_cache_bytes": cache_now,
-                "kv_cache_bytes_at_max": per_position * spec.max_seq_len,
-                "slot_bytes": slots, "dtype": "float32"}
+        """Bytes of the state now: the KV caches and the slots (measured on the arrays)."""
+        cache = sum(self.state[key].nbytes for key, _, _ in self.io.cache_io)
+        extra = sum(self.state[key].nbytes for key in self.io.slot_keys)
+        return {"length": self.length, "kv_cache_bytes": cache, "extra_bytes": extra,
+                "kv_cache_bytes_at_max": self.io.state_bytes(self.io.max_seq_len)
+                ["kv_cache_bytes"]}
 
 
-def open_session(artifact: str | Path, threads: int | None = None) -> Session:
-    """A session on an artifact (.onnx, .pte) or a checkpoint (model.pt: the eager backend),
-    the backend chosen from its manifest."""
-    return Session(open_graph(artifact, threads))
+class RunnerSession(BaseSession):
+    """A sequence over a runner-form program (`backends.executorch.RunnerProgram`)."""
+
+    def __init__(self, program):
+        self.program = program
+        self.cached: list[int] = []  # the token of each program cache row still valid
+        self.written = -1            # the highest position written since the last reset
+        super().__init__(program.io, program.manifest, program.identity, program.backend)
+
+    def reset(self) -> None:
+        super().reset()
+        self._logits: dict[int, np.ndarray] = {}  # position -> logits, recent positions only
+
+    def reaches(self, length: int) -> bool:
+        """Whether the program's window still holds the raw key of position length - 1 (the
+        slot of position `length`): its row is overwritten by a later position of the same
+        row."""
+        return length == 0 or not self.io.window or length >= self.written - self.io.window + 2
+
+    @property
+    def rollback_floor(self) -> int:
+        oldest = min(self._logits, default=self.length)  # logits kept for positions >= oldest
+        floor = oldest + 1 if oldest > 0 else 0
+        while not self.reaches(floor):
+            floor += 1
+        return floor
+
+    def feed(self, tokens) -> np.ndarray:
+        tokens = self.check(tokens)
+        start = self.length
+        if start == 0:
+            self.written = -1
+        logits = self.program.run(tokens, start)
+        self.tokens.extend(int(t) for t in tokens)
+        self.cached = self.cached[:start] + self.tokens[start:]
+        self.written = max(self.written, self.length - 1)
+        for i, row in enumerate(logits):
+            self._logits[start + i] = row
+        for position in [p for p in self._logits if p < self.length - ROLLBACK_WINDOW]:
+            del self._logits[position]
+        self.last_logits = logits[-1]
+        return logits
+
+    def rollback(self, length: int) -> None:
+        if not self.check_rollback(length):
+            return
+        del self.tokens[length:]
+        self.last_logits = self._logits.get(length - 1)
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.identity, tuple(self.tokens),
+                        None if self.last_logits is None else self.last_logits.copy())
+
+    def restore(self, snapshot: Snapshot) -> None:
+        self.check_snapshot(snapshot)
+        length = len(snapshot.tokens)
+        if tuple(self.cached[:length]) != snapshot.tokens or not self.reaches(length):
+            raise SequenceError("the program's static cache no longer holds this snapshot's "
+                                "tokens (a runner-form program keeps one sequence); feed them "
+                                "again")
+        self.tokens = list(snapshot.tokens)
+        self.last_logits = snapshot.last_logits
+        self._logits = {}
+
+    def sizes(self) -> dict:
+        """Bytes of the program's state (static: allocated at the max length from the start),
+        from its buffers as exported."""
+        return {"length": self.length, **self.io.state_bytes(self.length),
+                "kv_cache_bytes_at_max": self.io.state_bytes(self.io.max_seq_len)
+                ["kv_cache_bytes"]}
+
+
+def open_session(artifact: str | Path, threads: int | None = None):
+    """A session on an artifact folder, its backend and kind chosen from its manifest."""
+    opened = read_artifact(artifact)
+    backend = opened.manifest.get("backend")
+    if backend == "onnxruntime":
+        from psa_edge.backends.onnxruntime import OnnxGraph
+
+        return Session(OnnxGraph(opened, threads))
+    if backend == "executorch":
+        from psa_edge.backends.executorch import PteGraph, RunnerProgram, set_threads
+
+        if threads:  # ExecuTorch's threadpool is process-wide
+            set_threads(threads)
+        if opened.manifest.get("form") == "runner":
+            return RunnerSession(RunnerProgram(opened))
+        return Session(PteGraph(opened))
+    raise ArtifactError(f"{opened.folder}: unknown backend {backend!r}")

@@ -1,4 +1,4 @@
-"""Speculative decoding (SPEC §4): a drafter proposes, the target verifies in one call.
+"""Speculative decoding (docs/spec.md §5): a drafter proposes, the target verifies in one call.
 
 Contract:
 - A drafter has `propose(context, k, sampling, rng) -> (tokens, distributions)`: up to `k`
@@ -53,14 +53,14 @@ class SessionDrafter:
     """Draft tokens from a draft artifact's own session (same vocabulary as the target)."""
 
     def __init__(self, session: Session, target_vocab: int):
-        if session.spec.vocab_size != target_vocab:
-            raise ArtifactError(f"draft has vocabulary {session.spec.vocab_size}, the target "
+        if session.io.vocab_size != target_vocab:
+            raise ArtifactError(f"draft has vocabulary {session.io.vocab_size}, the target "
                                 f"{target_vocab}; a draft must share the target's vocabulary")
         self.session = session
 
     def propose(self, context: list[int], k: int, sampling: Sampling, rng):
         # A draft with a shorter max length than the target proposes what fits, maybe nothing.
-        k = min(k, self.session.spec.max_seq_len - len(context) + 1)
+        k = min(k, self.session.io.max_seq_len - len(context) + 1)
         if k <= 0:
             return [], []
         sync(self.session, context)
@@ -140,7 +140,7 @@ def speculative_generate(target: Session, drafter, prompt, max_new_tokens: int,
     stops = set(stop_tokens)
     while True:
         room = max_new_tokens - len(result.tokens) - 1  # the target adds one token itself
-        k = max(0, min(draft_len, room, target.spec.max_seq_len - len(context)))
+        k = max(0, min(draft_len, room, target.io.max_seq_len - len(context)))
         started = time.perf_counter()
         drafts, dists = drafter.propose(context, k, sampling, rng) if k else ([], None)
         start = target.length

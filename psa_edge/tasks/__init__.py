@@ -22,6 +22,7 @@ from psa_edge.tasks import induction
 from psa_edge.tasks.induction import IGNORE
 
 SPLITS = ("train", "test")
+EVAL_SEED = 1234  # fixed so that every run of a task is scored on the same held-out set
 TEST_FRACTION_MODULUS = 10  # one example in ten (by hash) belongs to the test split
 _HASH_PRIME = 2_147_483_647
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from psa_edge.errors import TaskError
 from psa_edge.io import check_writable_dir, write_text
 from psa_edge.model.checkpoint import load_checkpoint, save_checkpoint
-from psa_edge.tasks import Task, get_task, task_from_dict
-from psa_edge.train.trainer import EVAL_SEED, TrainSpec, build_model, evaluate, train
+from psa_edge.tasks import EVAL_SEED, Task, get_task, task_from_dict
+from psa_edge.train.trainer import TrainSpec, build_model, evaluate, train
 
 __all__ = ["TrainSpec", "run_training", "evaluate_checkpoint", "sidecar"]
 

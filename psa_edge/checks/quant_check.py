@@ -1,4 +1,4 @@
-"""`psa-edge quant-check`: does an int8 artifact still do the job? (SPEC §5)
+"""`psa-edge quant-check`: does an int8 artifact still do the job? (docs/spec.md §6)
 
 Modelled on llama.cpp's KL-divergence check. Contract: `prepare(checkpoint, artifact, ...)`
 - refuses an artifact whose manifest does not match it, or that was not exported from this
@@ -21,15 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ArtifactError, TaskError
-from psa_edge.io import sha256_file
-from psa_edge.model.checkpoint import load_checkpoint
-from psa_edge.model.transformer import twin_of
-from psa_edge.runtime.graph import read_manifest
-from psa_edge.tasks import IGNORE, get_task, task_from_dict
-from psa_edge.train.trainer import EVAL_SEED
+from psa_edge.io import read_artifact, sha256_file
+from psa_edge.tasks import EVAL_SEED, IGNORE, get_task, task_from_dict
 
 
 @dataclass(frozen=True)
@@ -91,31 +87,13 @@ def check_source(checkpoint: Path, artifact: Path, manifest: dict) -> None:
                             f"names a checkpoint with sha256 {str(source.get('sha256'))[:12]}...)")
 
 
-def artifact_decoder(artifact: Path, manifest: dict):
-    """A function tokens `[T]` -> logits `[T, V]`, feeding the artifact one token per call."""
-    if manifest.get("form") == "runner":
-        from psa_edge.executorch_backend import RunnerProgram
-
-        program = RunnerProgram(artifact)
-        return lambda tokens: np.concatenate([program.run(tokens[i:i + 1], i)
-                                              for i in range(len(tokens))])
-    from psa_edge.runtime.session import open_session
-
-    session = open_session(artifact)
-
-    def run_session(tokens: np.ndarray) -> np.ndarray:
-        session.reset()
-        return np.concatenate([session.feed(tokens[i:i + 1]) for i in range(len(tokens))])
-    return run_session
-
-
 @dataclass
 class Plan:
     """A validated check: the reference model, the held-out data and the artifact's decoder."""
     checkpoint: Path
     artifact: Path
     manifest: dict
-    model: object
+    reference: Reference
     task: object
     inputs: np.ndarray
     targets: np.ndarray
@@ -128,34 +106,32 @@ def prepare(checkpoint: Path, artifact: Path, task_name: str | None = None, samp
     checkpoint, artifact = Path(checkpoint), Path(artifact)
     if samples < 1:
         raise TaskError(f"--samples must be at least 1, got {samples}")
-    manifest = read_manifest(artifact)
+    manifest = read_artifact(artifact).manifest
     check_source(checkpoint, artifact, manifest)
-    model, metadata = load_checkpoint(checkpoint)
-    if manifest.get("twin"):
-        model = twin_of(model)
+    reference = Reference.of_artifact(manifest, checkpoint)
     if task_name is None:
-        if "task" not in metadata:
+        if not (manifest.get("source_checkpoint") or {}).get("task"):
             raise TaskError(f"{checkpoint} records no task; pass --task")
-        task = task_from_dict(metadata["task"])
+        task = task_from_dict(manifest["source_checkpoint"]["task"])
     else:
         task = get_task(task_name)
-    if task.vocab_size != model.cfg.vocab_size:
+    if task.vocab_size != reference.vocab_size:
         raise TaskError(f"task {task.name} has vocabulary {task.vocab_size}, the model's is "
-                        f"{model.cfg.vocab_size}")
+                        f"{reference.vocab_size}")
     inputs, targets = task.sample("test", samples, seed)
     length = min(inputs.shape[1], manifest["max_seq_len"])
-    return Plan(checkpoint, artifact, manifest, model, task, inputs[:, :length],
+    return Plan(checkpoint, artifact, manifest, reference, task, inputs[:, :length],
                 targets[:, :length], seed)
 
 
 def run(plan: Plan, limits: Thresholds = Thresholds(), progress=None) -> dict:
-    with torch.no_grad():
-        reference = np.concatenate([plan.model(torch.from_numpy(plan.inputs[i:i + 16])).numpy()
-                                    for i in range(0, len(plan.inputs), 16)])
-    decode = artifact_decoder(plan.artifact, plan.manifest)
+    from psa_edge.runtime.session import open_session
+
+    reference = plan.reference.logits(plan.inputs)
+    session = open_session(plan.artifact)
     candidate = []
-    for row in plan.inputs:
-        candidate.append(decode(row))
+    for row in plan.inputs:  # token by token, as a device decodes
+        candidate.append(feed_chunks(session, row, [1] * len(row)))
         if progress is not None:
             progress()
     metrics = compare(reference, np.stack(candidate), plan.targets, plan.task)

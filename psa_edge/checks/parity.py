@@ -1,0 +1,80 @@
+"""Parity at export: an artifact against the eager fp32 reference on a probe sequence.
+
+Contract: `probe_parity(reference, artifact_folder)` opens the artifact as a device would
+(`runtime.open_session`, either form), feeds the probe all at once and token by token, and
+reports the max abs logit error and the argmax agreement of each against the reference's
+full-sequence forward, and the logit scale.
+- fp32 artifacts: a PROBE_LEN random probe; pass within `reference.FP32_RTOL` of the logit
+  scale (docs/spec.md §3).
+- int8 artifacts: an INT8_PROBE_LEN held-out sequence of the checkpoint's task (random tokens
+  give a trained model nothing to be sure of); pass within `reference.INT8_RTOL` of the scale,
+  with argmax agreement >= INT8_MIN_AGREEMENT on the positions the reference has decided. At a
+  near-tie any rounding may flip the argmax; that is not a broken build, a flip where the
+  reference is decided is. Agreement over all positions is reported.
+`passed` is False otherwise; the exporter then refuses the artifact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from psa_edge.checks.reference import (INT8_DECIDED_MARGIN, INT8_MIN_AGREEMENT, Reference,
+                                       feed_chunks, logit_scale, tolerance)
+
+PROBE_LEN = 16
+INT8_PROBE_LEN = 128
+PROBE_SEED = 20260929
+
+
+def probe_tokens(vocab_size: int, length: int = PROBE_LEN) -> np.ndarray:
+    return np.random.default_rng(PROBE_SEED).integers(0, vocab_size, size=length).astype(np.int64)
+
+
+def int8_probe_tokens(manifest: dict) -> np.ndarray:
+    from psa_edge.tasks import task_from_dict
+
+    task = task_from_dict(manifest["source_checkpoint"]["task"])
+    tokens, _ = task.sample("test", 1, seed=PROBE_SEED)
+    return tokens[0, :min(INT8_PROBE_LEN, manifest["max_seq_len"])]
+
+
+def probe_parity(reference: Reference, folder: Path) -> dict:
+    from psa_edge.runtime.session import open_session
+
+    session = open_session(folder)
+    manifest = session.manifest
+    int8 = manifest.get("quantization") is not None
+    tokens = int8_probe_tokens(manifest) if int8 else probe_tokens(reference.vocab_size)
+    expected = reference.logits(tokens)
+    scale, limit = logit_scale(expected), tolerance(expected, int8)
+    top2 = np.sort(expected, -1)[:, -2:]
+    decided = (top2[:, 1] - top2[:, 0]) > INT8_DECIDED_MARGIN * scale
+    errors, agreement, decided_agreement = {}, {}, {}
+    for name, chunks in (("all_at_once", [len(tokens)]), ("token_by_token", [1] * len(tokens))):
+        logits = feed_chunks(session, tokens, chunks)
+        errors[name] = float(np.abs(logits - expected).max())
+        same = logits.argmax(-1) == expected.argmax(-1)
+        agreement[name] = float(same.mean())
+        decided_agreement[name] = float(same[decided].mean()) if decided.any() else 1.0
+    passed = max(errors.values()) <= limit
+    if int8:
+        passed = passed and min(decided_agreement.values()) >= INT8_MIN_AGREEMENT
+    return {"probe_len": len(tokens), "kind": "int8" if int8 else "fp32",
+            "max_abs_logit_error": errors, "argmax_agreement": agreement,
+            "decided_positions": int(decided.sum()),
+            "decided_argmax_agreement": decided_agreement if int8 else None,
+            "logit_scale": scale, "tolerance": limit,
+            "min_agreement": INT8_MIN_AGREEMENT if int8 else None, "passed": passed}
+
+
+def failure_message(parity: dict) -> str:
+    worst = max(parity["max_abs_logit_error"].values())
+    text = (f"parity check failed: max abs logit error {worst:.3g} (tolerance "
+            f"{parity['tolerance']:.3g})")
+    if parity["min_agreement"] is not None:
+        worst_agreement = min(parity["decided_argmax_agreement"].values())
+        text += (f", argmax agreement on {parity['decided_positions']} decided positions "
+                 f"{worst_agreement:.3f} (needs >= {parity['min_agreement']})")
+    return text + "; no artifact written"

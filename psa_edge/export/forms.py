@@ -1,0 +1,184 @@
+"""The exportable forms of a PSA transformer: torch modules over `PSATransformer.decode`, and
+the `Form` objects the export pipeline asks for them (docs/spec.md §2, §4).
+
+Both modules run the model's one layer loop, so every exporter lowers the same arithmetic (the
+shear is `ops.shear`: Sub, Mul, Add after the RoPE ops); they differ only in where each layer's
+state lives (`LayerCache`). Names and shapes come from `contract.GraphIO`.
+
+- `ExplicitStateModule`: `(input_ids [1, S], *past) -> (logits, *present, *raw)`; the start
+  position is the past length P. ExecuTorch programs carry it twice, sharing the weights: method
+  `forward` (S dynamic) and method `decode` (S = 1, where the shear's shift needs no op).
+- `RunnerModule`: `forward(tokens [1, S], input_pos [1]) -> logits` with static max-length
+  caches and, per sheared stream, a ring of the raw keys (queries) of the last `window`
+  positions as mutable buffers. The slot of the first new token is the ring's row of position
+  input_pos - 1 (zero at input_pos 0, the causal zero state), so calling it at an earlier
+  position rolls it back (speculative decoding, prefix reuse) as long as that row is in reach.
+
+A `Form` provides the pipeline's form-specific pieces: the module, each method's example inputs
+and dynamic shapes, the calibration inputs of static int8, and the constant methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from psa_edge.contract import CACHE_FIELDS, GraphIO, runner_methods
+from psa_edge.model.config import ModelConfig
+from psa_edge.model.transformer import LayerCache, PSATransformer
+
+
+@dataclass(frozen=True)
+class Example:
+    """One method's example inputs and torch.export dynamic shapes (nested as `forward`'s
+    signature, and flat, one entry per input, for re-tracing a converted module)."""
+    inputs: tuple
+    shapes: tuple
+    flat_shapes: tuple
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One method's traced graph (an ExportedProgram, or the ONNX ModelProto) and its example."""
+    program: object
+    example: Example
+
+
+def graph_io(cfg: ModelConfig, max_len: int, form: str) -> GraphIO:
+    return GraphIO.from_config(cfg.to_dict(), max_len, form)
+
+
+class ExplicitStateModule(nn.Module):
+    def __init__(self, model: PSATransformer):
+        super().__init__()
+        self.model = model
+        self.io = graph_io(model.cfg, model.cfg.max_position_embeddings, "explicit-state")
+
+    def forward(self, input_ids: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
+        n = len(self.io.state_fields)
+        state = [dict(zip(self.io.state_fields, past[i:i + n])) for i in range(0, len(past), n)]
+        logits, new_state, raws = self.model.forward_with_state(input_ids, state)
+        present = [layer[f] for layer in new_state for f in CACHE_FIELDS]
+        raw = [torch.cat([layer[f.removeprefix("raw_")] for layer in raws])
+               for f in self.io.raw_fields]
+        return (logits, *present, *raw)
+
+
+class StaticCache(LayerCache):
+    """One layer's state in the runner form's buffers, written in place at the positions."""
+
+    def __init__(self, module: "RunnerModule", layer: int, input_pos: Tensor,
+                 positions: Tensor):
+        super().__init__(module.model.cfg, {})
+        self.module, self.layer = module, layer
+        window = module.io.window
+        # Every chunk row goes to the ring row of its position, except those older than the
+        # window, which all land on the spare last row: no two rows of a call share an index.
+        self.ring_rows = torch.where(positions >= positions[-1] + 1 - window,
+                                     positions % max(window, 1), window)
+        # + window: ExecuTorch's remainder kernel keeps the sign of a negative dividend.
+        self.previous_row = (input_pos + window - 1) % max(window, 1)
+        self.continues = (input_pos > 0).to(torch.float32)  # 0 at a sequence's start
+        self.positions = positions
+
+    def buffer(self, name: str) -> Tensor:
+        return getattr(self.module, f"{name}_{self.layer}")
+
+    def slot(self, stream: str, gamma: float) -> Tensor | None:
+        if gamma == 0:
+            return None
+        return self.buffer(f"raw_{stream}").index_select(2, self.previous_row) * self.continues
+
+    @property
+    def prev_key(self) -> Tensor | None:
+        return self.slot("key", self.cfg.gamma_k)
+
+    @property
+    def prev_query(self) -> Tensor | None:
+        return self.slot("query", self.cfg.gamma_q)
+
+    def update(self, sheared_key, value, key, query):
+        for stream, raw, gamma in (("key", key, self.cfg.gamma_k),
+                                   ("query", query, self.cfg.gamma_q)):
+            if gamma != 0:
+                self.buffer(f"raw_{stream}").index_copy_(2, self.ring_rows, raw)
+        keys, values = self.buffer("cache_key"), self.buffer("cache_value")
+        keys.index_copy_(2, self.positions, sheared_key)
+        values.index_copy_(2, self.positions, value)
+        return keys, values
+
+
+class RunnerModule(nn.Module):
+    def __init__(self, model: PSATransformer, max_seq_len: int):
+        super().__init__()
+        self.model = model
+        self.io = graph_io(model.cfg, max_seq_len, "runner")
+        for name, shape in self.io.buffers.items():
+            self.register_buffer(name, torch.zeros(shape), persistent=False)
+
+    def forward(self, tokens: Tensor, input_pos: Tensor) -> Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device) + input_pos
+        caches = [StaticCache(self, i, input_pos, positions)
+                  for i in range(self.io.num_layers)]
+        return self.model.decode(tokens, positions, caches, self.io.max_seq_len)
+
+
+def seq_dim(max_len: int):
+    from torch.export import Dim
+
+    return Dim("seq_len", min=1, max=max_len)
+
+
+class ExplicitStateForm:
+    name = "explicit-state"
+
+    def module(self, model: PSATransformer, max_len: int) -> nn.Module:
+        return ExplicitStateModule(model).eval()
+
+    def methods(self, cfg: ModelConfig, max_len: int) -> dict[str, Example]:
+        """`forward` (chunk length S in [1, max]) and `decode` (S = 1); past length P in
+        [0, max - 1]. Example sizes 3 and 4: torch.export specialises dims whose example size is
+        0 or 1."""
+        from torch.export import Dim
+
+        io = graph_io(cfg, max_len, self.name)
+        past = Dim("past_len", min=0, max=max_len - 1)
+        fields = [key.split(".")[1] for key, _ in io.state_io]
+        state = tuple(torch.zeros(io.shape(f, 4)) for f in fields)
+        state_shapes = tuple({2: past} if f in CACHE_FIELDS else None for f in fields)
+        out = {}
+        for name, seq_len, seq in (("forward", 3, {1: seq_dim(max_len)}), ("decode", 1, None)):
+            inputs = (torch.zeros(1, seq_len, dtype=torch.long), *state)
+            out[name] = Example(inputs, (seq, state_shapes), (seq, *state_shapes))
+        return out
+
+    def calibration_inputs(self, cfg: ModelConfig, max_len: int, rows) -> list[tuple]:
+        io = graph_io(cfg, max_len, self.name)
+        empty = tuple(torch.zeros(io.shape(key.split(".")[1], 0)) for key, _ in io.state_io)
+        return [(torch.from_numpy(row)[None], *empty) for row in rows]
+
+    def constant_methods(self, cfg: ModelConfig, max_len: int) -> dict | None:
+        return None
+
+
+class RunnerForm:
+    name = "runner"
+
+    def module(self, model: PSATransformer, max_len: int) -> nn.Module:
+        return RunnerModule(model, max_len).eval()
+
+    def methods(self, cfg: ModelConfig, max_len: int) -> dict[str, Example]:
+        inputs = (torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]))
+        shapes = ({1: seq_dim(max_len)}, None)
+        return {"forward": Example(inputs, shapes, shapes)}
+
+    def calibration_inputs(self, cfg: ModelConfig, max_len: int, rows) -> list[tuple]:
+        return [(torch.from_numpy(row)[None], torch.tensor([0])) for row in rows]
+
+    def constant_methods(self, cfg: ModelConfig, max_len: int) -> dict | None:
+        return runner_methods(cfg.to_dict(), max_len)
+
+
+FORMS = {form.name: form for form in (ExplicitStateForm(), RunnerForm())}

@@ -1,0 +1,121 @@
+"""What the doc-making scripts share: where things are, the machine they ran on, the CLI run as
+a user runs it, and the README blocks and docs pages they write.
+
+Every script in tools/ runs with the project's interpreter (`.venv/bin/python tools/NAME.py`,
+after `make env`); it imports psa_edge as installed, and this module from its own folder (the
+script's folder is first on Python's path). No script imports another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "out"
+DEFAULT_MODEL = REPO / "models" / "psa-default.pt"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine() -> str:
+    """"<cpu> (<cores> cores, <arch>), torch <version>": what a page says it ran on."""
+    from importlib import metadata
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "absent"
+    return f"{cpu_model()} ({os.cpu_count()} cores, {platform.machine()}), torch {torch}"
+
+
+def psa_edge(*args, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`psa-edge ARGS` with this interpreter, from the repository root."""
+    result = subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
+                            capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, **(env or {})})
+    if check and result.returncode:
+        raise SystemExit(f"psa-edge {' '.join(map(str, args))} failed:\n{result.stderr[-2000:]}")
+    return result
+
+
+def psa_edge_json(*args, **kwargs) -> dict:
+    return json.loads(psa_edge(*args, "--json", **kwargs).stdout)
+
+
+def random_checkpoint(preset: str, path: Path, vocab_task: bool = True) -> Path:
+    """A checkpoint of a preset with random weights (seed 0, key-only gamma_k 0.8): speed and
+    size do not depend on what the weights learned. It records an ih-sht task of its vocabulary
+    so that static int8 can calibrate."""
+    import torch
+
+    from psa_edge.model import PSATransformer, preset_config
+    from psa_edge.model.checkpoint import save_checkpoint
+
+    if not path.exists():
+        torch.manual_seed(0)
+        model = PSATransformer(preset_config(preset, "key-only", 0.8))
+        task = {"name": "ih-sht", "params": {"seq_len": 256,
+                                             "alphabet": model.cfg.vocab_size}}
+        save_checkpoint(path, model, {"task": task if vocab_task else None,
+                                      "note": "random weights (seed 0)"})
+    return path
+
+
+def write_block(name: str, text: str) -> None:
+    """Replace the README's block between `<!-- name:begin -->` and `<!-- name:end -->`
+    (atomically; the markers must be there)."""
+    from psa_edge.io import write_text
+
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    readme = (REPO / "README.md").read_text()
+    if begin not in readme or end not in readme:
+        raise SystemExit(f"README.md has no {begin} ... {end} block")
+    head, rest = readme.split(begin, 1)
+    write_text(REPO / "README.md", head + begin + "\n" + text.rstrip("\n") + "\n" + end
+               + rest.split(end, 1)[1])
+
+
+def write_doc(name: str, text: str) -> None:
+    from psa_edge.io import write_text
+
+    write_text(REPO / "docs" / name, text.rstrip("\n") + "\n")
+
+
+def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None = None,
+                twin: bool = False, form: str = "explicit-state",
+                max_seq_len: int | None = None) -> Path:
+    """An artifact of `checkpoint` at `folder`, exported unless one is there that this psa-edge
+    would write the same way (same source, graph I/O and int8 activation scheme)."""
+    from psa_edge.contract import GraphIO
+    from psa_edge.errors import PsaEdgeError
+    from psa_edge.export.pipeline import TARGETS, ExportRequest, run_export
+    from psa_edge.export.quantize import QuantSpec, activations
+    from psa_edge.io import read_artifact, sha256_file
+
+    spec = QuantSpec(quant) if quant else None
+    try:
+        m = read_artifact(folder).manifest
+        GraphIO.from_manifest(m)
+        same = (m["source_checkpoint"]["sha256"] == sha256_file(checkpoint)
+                and m["twin"] == twin and m["form"] == form
+                and (max_seq_len is None or m["max_seq_len"] == max_seq_len)
+                and (m["quantization"] or {}).get("activations") == (
+                    spec and activations(spec, TARGETS[target].activation_dtype)))
+    except (PsaEdgeError, KeyError):
+        same = False
+    if not same:
+        run_export(ExportRequest(checkpoint, target, folder, max_seq_len, twin, form, spec))
+    return folder
