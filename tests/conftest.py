@@ -133,3 +133,16 @@ def cli(*args, cwd=None, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
                           capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
+
+
+def assert_umask_modes(*paths):
+    """Files and folders the tools write have the permissions the user's umask gives."""
+    import os
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in paths:
+        path = Path(path)
+        expected = (0o777 if path.is_dir() else 0o666) & ~mask
+        assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(path.stat().st_mode))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MAX_LEN, REPO, cli, copy_artifact, make_model
+from conftest import MAX_LEN, REPO, assert_umask_modes, cli, copy_artifact, make_model
 from psa_edge.display import bench_tables
 from psa_edge.errors import ArtifactError, OutputError, SequenceError
 from psa_edge.runtime.bench import (BenchSpec, Runner, decode_in_turns, flops_per_token,
@@ -42,6 +42,7 @@ def test_bench_json_has_every_field(artifacts, tmp_path):
         assert r["tg8"]["stddev"] == 0.0  # one repetition
         assert r["flops_per_token"]["total"] > 0
     assert psa["flops_per_token"]["shear"] > 0 == twin["flops_per_token"]["shear"]
+    assert_umask_modes(plot)
     ratios = report["ratio_psa_over_twin"]
     assert set(ratios) == {"pp8_time", "tg8_time", "tg8_latency_p50"}
     for value in ratios.values():
@@ -199,6 +200,7 @@ def test_bundle_runs_bench_torch_free(artifacts, tmp_path):
     out = tmp_path / "bundle"
     record = write_bundle([artifacts["onnx"], artifacts["onnx-twin"], artifacts["runner"]], out)
     files = set(record["files"])
+    assert_umask_modes(out, out / "README.md", out / "models" / "onnx" / "model.onnx")
     assert {"models/onnx/model.onnx", "models/onnx/manifest.json", "models/runner/tokenizer.json",
             "psa_edge/runtime/bench.py", "psa-edge", "requirements-onnx.txt",
             "requirements-executorch.txt", "README.md"} <= files

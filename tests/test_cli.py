@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, assert_umask_modes
 
 PSA = [sys.executable, "-m", "psa_edge.cli"]
 FAST = ["--task", "ih-safari", "--preset", "tiny", "--steps", "6", "--eval-every", "3",
@@ -33,6 +33,7 @@ def trained(tmp_path_factory):
 def test_train_writes_checkpoint_metrics_curve_manifest(trained):
     for suffix in (".metrics.jsonl", ".curve.png"):
         assert trained.with_name("m" + suffix).stat().st_size > 0
+    assert_umask_modes(trained, f"{trained}.json", trained.with_name("m.curve.png"))
     rows = [json.loads(x) for x in trained.with_name("m.metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [3, 6]
     manifest = json.loads(Path(f"{trained}.json").read_text())
@@ -65,6 +66,29 @@ def test_help_is_fast_and_torch_free():
             "assert 'torch' not in sys.modules, 'cli imports torch'")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
     assert run("--help").returncode == 0
+
+
+def test_help_names_every_choice_and_cuts_nothing():
+    """Help texts at 80 columns: every task, preset and variant named where it is chosen, no
+    line cut short with an ellipsis, no `<bool>` type shown on a flag."""
+    from typer.testing import CliRunner
+
+    from psa_edge.cli import app
+    from psa_edge.model.config import PRESETS, VARIANTS
+    from psa_edge.tasks import TASKS
+
+    runner = CliRunner()
+    for command in ["--help"] + [f"{c} --help" for c in ("train", "eval", "export", "inspect",
+                                                        "quant-check", "generate", "verify",
+                                                        "bench", "bundle", "certify", "demo")]:
+        text = runner.invoke(app, command.split(), terminal_width=80).output
+        body = [line for line in text.splitlines() if not line.startswith("Usage:")]
+        assert not any("…" in line or line.endswith("...") for line in body), (command, text)
+        assert "<bool>" not in text, (command, text)
+        if command == "train --help":
+            flat = " ".join(text.split())
+            for name in [*TASKS, *PRESETS, *VARIANTS]:
+                assert name in flat, name
 
 
 @pytest.mark.parametrize("args,message", [

@@ -12,7 +12,8 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from conftest import CASES, MAX_LEN, REPO, cli, copy_artifact, make_model, manifest_of, model_file
+from conftest import (CASES, MAX_LEN, REPO, assert_umask_modes, cli, copy_artifact, make_model,
+                      manifest_of, model_file)
 from psa_edge.checks import reference as checks
 from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ArtifactError, ExportError
@@ -72,6 +73,7 @@ def test_manifest_records_parity_and_provenance(artifacts, checkpoints):
                           for name in ("model.pte", "tokenizer.json")}
     assert sorted(os.listdir(artifacts["xnnpack"])) == ["manifest.json", "model.pte",
                                                         "tokenizer.json"]
+    assert_umask_modes(artifacts["xnnpack"], *artifacts["xnnpack"].iterdir())
     assert m["versions"]["executorch"] == "1.4.1" and m["versions"]["torch"].startswith("2.13")
     assert m["gamma_q"] == m["gamma_k"] == 0.8 and m["variant"] == "symmetric"
     assert manifest_of(artifacts["xnnpack-twin"])["gamma_k"] == 0.0

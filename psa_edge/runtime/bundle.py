@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from psa_edge.errors import OutputError
-from psa_edge.io import artifact_folder, read_artifact, sha256_file
+from psa_edge.io import UMASK, artifact_folder, read_artifact, sha256_file
 
 PACKAGE = Path(__file__).resolve().parent.parent
 RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "contract.py", "tokenizer.py",
@@ -66,6 +66,7 @@ def write_bundle(artifacts: list[Path], out: Path) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         build(tmp, artifacts, manifests)
+        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp made it private
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
