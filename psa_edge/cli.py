@@ -1,13 +1,16 @@
 """The `psa-edge` command line: thin typer commands over the library.
 
-Contract: every `PsaEdgeError` becomes one line `error: ...` on stderr and exit code 2; usage
-errors are typer's (exit 2). Heavy imports (torch, matplotlib) happen inside the command that
+Contract: every `PsaEdgeError` and every usage error (an unknown option, a number out of its
+range) becomes one line `error: ...` on stderr and exit code 2; a failed check exits 1; an
+interrupt 130. Heavy imports (torch, matplotlib) happen inside the command that
 needs them, so `psa-edge --help` stays instant.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -21,43 +24,131 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Train, check and ship small Phase Space Attention transformers.")
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "psa-default.pt"
+SEED_MAX = 2**32 - 1  # numpy's and torch's common seed range
+# More threads than this only oversubscribes the cores; far more hangs thread pools.
+THREADS_MAX = 4 * (os.cpu_count() or 1)
+LENGTH_MAX = 1 << 20  # tokens; a bound for lengths that would otherwise exhaust memory
+
+
+def number(low: float | None = None, high: float | None = None, *, above: float | None = None):
+    """A typer callback refusing NaN/inf and values outside [low, high] (or not above `above`)."""
+    def check(value):
+        if value is None:
+            return value
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"{value} is not a finite number")
+        if above is not None and not value > above:
+            raise typer.BadParameter(f"{value} must be above {above:g}")
+        if low is not None and value < low or high is not None and value > high:
+            bounds = f"[{low:g}, {high:g}]" if high is not None else f">= {low:g}"
+            raise typer.BadParameter(f"{value} is not in {bounds}")
+        return value
+    return check
 
 
 @app.command(short_help="Train a model; write checkpoint, metrics, curve.")
 def train(
     output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
     task: str = typer.Option("ih-safari", help="ih-safari, ih-sht, ih-offset or mqar."),
-    preset: str = typer.Option("tiny", help="tiny, psa-0.5m, psa-4m, psa-30m or psa-92m."),
+    text: Optional[list[str]] = typer.Option(
+        None, "--text", help="Train a language model on these files, folders or globs "
+        "(repeatable) instead of a task, with a byte-level BPE trained on them."),
+    vocab_size: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
+                                             help="Text: BPE vocabulary (default: the "
+                                             "preset's, at least 512)."),
+    preset: str = typer.Option("tiny", help="tiny, psa-0.5m, psa-1m, psa-4m, psa-30m or "
+                               "psa-92m."),
     variant: str = typer.Option("key-only", help="baseline, key-only, symmetric or query-only."),
-    gamma: Optional[float] = typer.Option(None, help="Shear strength (default 0.8; 0 for "
-                                          "baseline)."),
-    layers: Optional[int] = typer.Option(None, help="Number of layers (default: the preset's)."),
-    steps: int = typer.Option(1000, min=1, help="Optimizer steps."),
-    seed: int = typer.Option(0, help="Seed of the weights and of every batch."),
-    batch_size: int = typer.Option(32, min=1, help="Sequences per step."),
-    lr: float = typer.Option(3e-3, help="Peak learning rate (warm-up, then cosine decay)."),
-    eval_every: int = typer.Option(100, min=1, help="Steps between held-out evaluations."),
-    seq_len: Optional[int] = typer.Option(None, help="Task sequence length (default: the "
-                                          "task's)."),
+    gamma: Optional[float] = typer.Option(None, callback=number(0, 100),
+                                          help="Shear strength (default 0.8; 0 for baseline)."),
+    layers: Optional[int] = typer.Option(None, min=1, max=1024,
+                                         help="Number of layers (default: the preset's)."),
+    tie_embeddings: bool = typer.Option(False, "--tie-embeddings",
+                                        help="One matrix for the token embedding and lm_head."),
+    steps: int = typer.Option(1000, min=1, max=10**9, help="Optimizer steps."),
+    seed: int = typer.Option(0, min=0, max=SEED_MAX,
+                             help="Seed of the weights and of every batch."),
+    batch_size: int = typer.Option(32, min=1, max=LENGTH_MAX,
+                                   help="Sequences per step (over all processes)."),
+    lr: float = typer.Option(3e-3, callback=number(high=10, above=0),
+                             help="Peak learning rate (warm-up, then cosine decay)."),
+    eval_every: int = typer.Option(100, min=1, max=10**9,
+                                   help="Steps between held-out evaluations."),
+    eval_samples: int = typer.Option(512, min=1, max=LENGTH_MAX,
+                                     help="Held-out sequences per evaluation."),
+    seq_len: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
+                                          help="Sequence length (default: the task's; "
+                                          "256 for text)."),
+    device: str = typer.Option("auto", help="auto (a GPU when there is one), cpu or cuda."),
+    compile_model: bool = typer.Option(False, "--compile", help="torch.compile the training "
+                                       "forward."),
+    nproc: int = typer.Option(1, min=1, max=THREADS_MAX,
+                              help="Data-parallel processes (launches torchrun)."),
+    init: Optional[Path] = typer.Option(None, help="Start from this checkpoint's weights and "
+                                        "tokenizer (fine-tuning), with the shear given here."),
+    resume: Optional[Path] = typer.Option(None, help="Continue the run of this training state "
+                                          "(<stem>.state.pt) with its own options."),
+    state_every: int = typer.Option(0, min=0, max=10**9,
+                                    help="Write a resumable <stem>.state.pt every N "
+                                    "steps (0: never)."),
+    stop_at: Optional[float] = typer.Option(None, callback=number(0, 1),
+                                            help="Stop once the held-out accuracy reaches "
+                                            "this (e.g. 0.9 to measure steps to 0.9)."),
+    tokenizer: Optional[Path] = typer.Option(None, help="Text: use this tokenizer.json instead "
+                                             "of training one."),
 ) -> None:
-    """Train a model on an induction task and write a checkpoint, metrics and a curve."""
-    from psa_edge.train.run import TrainSpec, run_training
+    """Train a model on an induction task or on text and write a checkpoint (with its
+    tokenizer), metrics and a curve."""
+    if nproc > 1:
+        raise typer.Exit(launch_torchrun(nproc))
+    from psa_edge.train.run import TrainSpec, prepare, run_training
+    from psa_edge.train.trainer import resolve_device
 
     params = {"seq_len": seq_len} if seq_len else {}
-    spec = TrainSpec(task=task, preset=preset, variant=variant, gamma=gamma, layers=layers,
-                     steps=steps, seed=seed, batch_size=batch_size, lr=lr,
-                     eval_every=eval_every, task_params=params)
-    summary = run_training(spec, output, command=" ".join(["psa-edge", *sys.argv[1:]]))
-    typer.echo(f"wrote {output}: accuracy {summary['accuracy']:.3f}, steps to 0.9: "
-               f"{summary['steps_to_90'] or 'not reached'}")
+    overrides = {"tie_word_embeddings": True} if tie_embeddings else {}
+    spec = TrainSpec(task="text" if text else task, preset=preset, variant=variant,
+                     gamma=gamma, layers=layers, steps=steps, seed=seed,
+                     batch_size=batch_size, lr=lr, eval_every=eval_every,
+                     eval_samples=eval_samples, task_params=params,
+                     config_overrides=overrides, text=tuple(text or ()),
+                     vocab_size=vocab_size, device=resolve_device(device),
+                     compile=compile_model, state_every=state_every, stop_at=stop_at)
+    plan = prepare(spec, output, init, resume, tokenizer)
+    summary = run_training(plan, command=" ".join(["psa-edge", *sys.argv[1:]]))
+    if summary is None:
+        return
+    final = summary["final"]
+    typer.echo(f"wrote {output}: " + (
+        f"held-out perplexity {final['val_perplexity']:.2f}, next-token accuracy "
+        f"{final['accuracy']:.3f} ({final['copy_accuracy']:.3f} at copy positions, "
+        f"{final['other_accuracy']:.3f} elsewhere)" if "copy_accuracy" in final else
+        f"accuracy {summary['accuracy']:.3f}, steps to 0.9: "
+        f"{summary['steps_to_90'] or 'not reached'}"))
+
+
+def launch_torchrun(nproc: int) -> int:
+    """This train command again under torchrun, in `nproc` processes; its exit code."""
+    import subprocess
+
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith("--nproc="):
+            skip = False
+            continue
+        if arg == "--nproc":
+            skip = True
+            continue
+        argv.append(arg)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={nproc}", "-m", "psa_edge.cli", *argv]).returncode
 
 
 @app.command(name="eval", short_help="Held-out accuracy of a checkpoint.")
 def eval_cmd(
     checkpoint: Path = typer.Argument(..., help="model.pt"),
     task: Optional[str] = typer.Option(None, help="Task (default: the one it was trained on)."),
-    samples: int = typer.Option(512, min=1, help="Held-out sequences."),
-    seed: int = typer.Option(1234, help="Seed of the held-out sample."),
+    samples: int = typer.Option(512, min=1, max=LENGTH_MAX, help="Held-out sequences."),
+    seed: int = typer.Option(1234, min=0, max=SEED_MAX, help="Seed of the held-out sample."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Held-out accuracy of a checkpoint."""
@@ -79,15 +170,18 @@ def export(
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="Artifact folder to write (default: beside the "
                                           "checkpoint, named after it, the target and form)."),
-    max_seq_len: Optional[int] = typer.Option(None, help="Longest sequence the artifact takes "
+    max_seq_len: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
+                                              help="Longest sequence the artifact takes "
                                               "(default: the model's max_position_embeddings)."),
     twin: bool = typer.Option(False, "--twin", help="Export the gamma = 0 twin instead."),
     form: str = typer.Option("explicit-state", help="explicit-state, or runner (ExecuTorch "
                              "LLM-runner form with an in-program cache)."),
     quantize: Optional[str] = typer.Option(None, help="int8 (static activations, calibrated) "
                                            "or int8-dynamic; default: fp32."),
-    calibration_samples: int = typer.Option(32, help="Task sequences for static calibration."),
-    calibration_seed: int = typer.Option(0, help="Seed of the calibration draw."),
+    calibration_samples: int = typer.Option(32, min=1, max=100_000,
+                                            help="Task sequences for static calibration."),
+    calibration_seed: int = typer.Option(0, min=0, max=SEED_MAX,
+                                         help="Seed of the calibration draw."),
     keep_shear_fp32: bool = typer.Option(True, "--keep-shear-fp32/--quantize-shear",
                                          help="Keep the shear's Sub/Mul/Add in fp32 (default; "
                                          "measured in docs/quantization.md)."),
@@ -107,6 +201,41 @@ def export(
         typer.echo(json.dumps(manifest, indent=2, sort_keys=True))
     else:
         print_summary(manifest, request.output or request.default_output())
+
+
+@app.command(name="import-hf", short_help="A transformers Llama folder to a checkpoint.")
+def import_hf_cmd(
+    folder: Path = typer.Argument(..., help="A LlamaForCausalLM save_pretrained folder "
+                                  "(config.json, safetensors, tokenizer.json)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
+    variant: Optional[str] = typer.Option(None, help="The shear to give it: baseline, "
+                                          "key-only, symmetric or query-only (default: the "
+                                          "folder's own; none for a Llama model)."),
+    gamma: Optional[float] = typer.Option(None, callback=number(0, 100),
+                                          help="Shear strength (default 0.8; 0 for baseline)."),
+) -> None:
+    """Read a Hugging Face Llama model (weights with safetensors, never unpickled) into a
+    psa-edge checkpoint with the chosen shear; fine-tune it with `train --init`."""
+    from psa_edge.hf.convert import import_hf
+
+    manifest = import_hf(folder, output, variant, gamma)
+    typer.echo(f"wrote {output}: {manifest['config']['num_hidden_layers']} layers, variant "
+               f"{manifest['variant']} (gamma_k {manifest['gamma_k']}, gamma_q "
+               f"{manifest['gamma_q']})")
+
+
+@app.command(name="export-hf", short_help="A checkpoint to a transformers folder.")
+def export_hf_cmd(
+    checkpoint: Path = typer.Argument(..., help="model.pt"),
+    output: Path = typer.Option(..., "-o", "--output", help="Folder to write (new, or one "
+                                "psa-edge wrote before)."),
+) -> None:
+    """Write the save_pretrained layout: config.json, model.safetensors, generation and tokenizer
+    files; a sheared model carries its modeling code (load it with trust_remote_code=True)."""
+    from psa_edge.hf.convert import export_hf
+
+    export_hf(checkpoint, output)
+    typer.echo(f"wrote {output}")
 
 
 @app.command(short_help="What an artifact holds: I/O, ops, delegation.")
@@ -130,10 +259,15 @@ def quant_check_cmd(
     checkpoint: Path = typer.Argument(..., help="model.pt the artifact was exported from"),
     artifact: Path = typer.Argument(..., help="Artifact folder, int8 or float."),
     task: Optional[str] = typer.Option(None, help="Task (default: the checkpoint's own)."),
-    samples: int = typer.Option(64, help="Held-out sequences."),
-    seed: int = typer.Option(1234, help="Seed of the held-out sample."),
-    max_acc_drop: float = typer.Option(1.0, help="Accuracy points the artifact may lose."),
-    min_top1: float = typer.Option(0.98, help="Minimum top-1 agreement with the reference."),
+    samples: int = typer.Option(64, min=1, max=LENGTH_MAX, help="Held-out sequences."),
+    seed: int = typer.Option(1234, min=0, max=SEED_MAX, help="Seed of the held-out sample."),
+    max_acc_drop: float = typer.Option(1.0, callback=number(0, 100),
+                                       help="Accuracy points the artifact may lose."),
+    min_top1: float = typer.Option(0.98, callback=number(0, 1),
+                                   help="Minimum top-1 agreement with the reference."),
+    max_ppl_increase: float = typer.Option(0.05, callback=number(0),
+                                           help="Language models: largest relative "
+                                           "increase of the validation perplexity."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Accuracy of an (int8) artifact against the float reference; exit 1 past a threshold."""
@@ -142,7 +276,8 @@ def quant_check_cmd(
 
     plan = quant_check.prepare(checkpoint, artifact, task, samples, seed)
     with progress_bar("quant-check", samples, enabled=not as_json) as advance:
-        result = quant_check.run(plan, quant_check.Thresholds(max_acc_drop, min_top1), advance)
+        limits = quant_check.Thresholds(max_acc_drop, min_top1, max_ppl_increase)
+        result = quant_check.run(plan, limits, advance)
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
     else:
@@ -157,21 +292,28 @@ def quant_check_cmd(
 def generate(
     artifact: Path = typer.Argument(..., help="Artifact folder (either form), or a model.pt "
                                     "(its float reference)."),
-    prompt: Optional[str] = typer.Option(None, help="Prompt text (one character per token)."),
+    prompt: Optional[str] = typer.Option(None, help="Prompt text (the model's own tokenizer)."),
+    prompt_file: Optional[Path] = typer.Option(None, help="Prompt text from a file."),
     prompt_ids: Optional[str] = typer.Option(None, help="Prompt as comma-separated token ids."),
-    max_new_tokens: int = typer.Option(32, "-n", "--max-new-tokens", help="Tokens to generate."),
-    temperature: float = typer.Option(0.0, help="0 is greedy."),
-    top_k: Optional[int] = typer.Option(None, help="Sample from the k most likely tokens."),
-    top_p: Optional[float] = typer.Option(None, help="Sample from the smallest set of tokens "
+    max_new_tokens: int = typer.Option(32, "-n", "--max-new-tokens", min=0, max=LENGTH_MAX,
+                                       help="Tokens to generate."),
+    temperature: float = typer.Option(0.0, callback=number(0, 100), help="0 is greedy."),
+    top_k: Optional[int] = typer.Option(None, min=1, help="Sample from the k most likely tokens."),
+    top_p: Optional[float] = typer.Option(None, callback=number(high=1, above=0),
+                                          help="Sample from the smallest set of tokens "
                                           "whose probability reaches p."),
-    seed: int = typer.Option(0, help="Seed of the sampler."),
-    stop: Optional[str] = typer.Option(None, help="Stop characters (each one a stop token)."),
+    seed: int = typer.Option(0, min=0, max=SEED_MAX, help="Seed of the sampler."),
+    stop: Optional[list[str]] = typer.Option(None, help="Stop once the text holds this string "
+                                             "(repeatable); the end-of-text token always "
+                                             "stops."),
     stream: bool = typer.Option(False, "--stream", help="Print tokens as they come."),
     draft: Optional[Path] = typer.Option(None, help="Draft artifact for speculative decoding."),
-    draft_len: int = typer.Option(4, help="Tokens the draft proposes per target call."),
+    draft_len: int = typer.Option(4, min=1, max=64,
+                                  help="Tokens the draft proposes per target call."),
     prompt_lookup: bool = typer.Option(False, "--prompt-lookup",
                                        help="Draft-free speculative decoding by prompt lookup."),
-    threads: Optional[int] = typer.Option(None, help="Backend threads (ONNX Runtime intra-op, "
+    threads: Optional[int] = typer.Option(None, min=1, max=THREADS_MAX,
+                                          help="Backend threads (ONNX Runtime intra-op, "
                                           "ExecuTorch's threadpool)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -179,8 +321,9 @@ def generate(
     from psa_edge.checks.reference import open_any
     from psa_edge.runtime.run import run_generate
 
-    run_generate(open_any(artifact, threads), str(artifact), prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
-                 stop, stream, draft, draft_len, prompt_lookup, threads, as_json)
+    run_generate(open_any(artifact, threads), str(artifact), prompt, prompt_file, prompt_ids,
+                 max_new_tokens, temperature, top_k, top_p, seed, stop, stream, draft,
+                 draft_len, prompt_lookup, threads, as_json)
 
 
 @app.command(short_help="Check cache parity, reuse, rollback, speculation.")
@@ -212,22 +355,28 @@ def bench(
     vs: Optional[Path] = typer.Option(
         None, "--vs", help="The gamma = 0 twin: run interleaved, both opened afresh every "
         "repetition; PSA/twin ratios with their 95% interval."),
-    prompt: int = typer.Option(128, "-p", help="Prefill test: tokens in one call."),
-    gen: int = typer.Option(128, "-n", help="Decode test: tokens, one call each."),
-    reps: int = typer.Option(5, "-r", help="Timed repetitions after one warm-up."),
-    depth: int = typer.Option(0, "--depth", help="Context tokens before each test."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Backend threads."),
+    prompt: int = typer.Option(128, "-p", min=1, max=LENGTH_MAX,
+                               help="Prefill test: tokens in one call."),
+    gen: int = typer.Option(128, "-n", min=1, max=LENGTH_MAX,
+                            help="Decode test: tokens, one call each."),
+    reps: int = typer.Option(5, "-r", min=1, max=10_000,
+                             help="Timed repetitions after one warm-up."),
+    depth: int = typer.Option(0, "--depth", min=0, max=LENGTH_MAX,
+                              help="Context tokens before each test."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, max=THREADS_MAX,
+                                          help="Backend threads."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of tokens/s."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table."),
 ) -> None:
     """Prefill and decode tokens/s like llama-bench; with --vs, PSA against its twin."""
     from psa_edge.display import bench_tables, progress_bar
-    from psa_edge.io import check_writable_dir
+    from psa_edge.io import check_output, refuse_overlap
     from psa_edge.runtime.bench import BenchSpec, dumps, execute, prepare_bench
 
     if plot is not None:
-        check_writable_dir(plot)
+        check_output(plot)
+        refuse_overlap([plot], [artifact, vs])
     prepared = prepare_bench(artifact, BenchSpec(prompt, gen, reps, depth, threads), vs)
     with progress_bar("bench", reps, enabled=not (as_json or markdown)) as advance:
         report = execute(prepared, progress=advance)
@@ -286,11 +435,45 @@ def demo(
     run_demo(checkpoint)
 
 
+def terminate(signum, frame) -> None:
+    # An exception, not the default exit: every atomic writer's cleanup runs on its way out.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, terminate)
+    try:  # typer vendors click from 0.22 on
+        from typer._click import exceptions as click
+    except ImportError:  # pragma: no cover
+        from click import exceptions as click
+    exits = (typer.Exit, getattr(click, "Exit", typer.Exit))
+    aborts = (typer.Abort, getattr(click, "Abort", typer.Abort), KeyboardInterrupt)
     try:
-        app(standalone_mode=True)
+        app(standalone_mode=False)
+    except exits as exc:  # --help, typer.Exit(code)
+        sys.exit(exc.exit_code)
+    except getattr(click, "NoArgsIsHelpError", ()) as exc:
+        typer.echo(exc.ctx.get_help())
+        sys.exit(0)
+    except click.ClickException as exc:  # a usage error: one line, as every bad input
+        command = exc.ctx.command_path if getattr(exc, "ctx", None) else "psa-edge"
+        typer.echo(f"error: {exc.format_message()} (see {command} --help)", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except aborts:
+        typer.echo("error: interrupted", err=True)
+        sys.exit(130)
     except PsaEdgeError as exc:
         typer.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except MemoryError:
+        typer.echo("error: out of memory", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except OSError as exc:  # the machine, not the input: a full disk, a permission, a device
+        where = f" ({exc.filename})" if exc.filename else ""
+        typer.echo(f"error: {exc.strerror or exc}{where}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     except ModuleNotFoundError as exc:  # a device bundle carries the runtime commands only
         if not (exc.name or "").startswith(("psa_edge", "torch")):

@@ -21,13 +21,14 @@ Forms:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Mapping
 
 import numpy as np
 
-from psa_edge.errors import ArtifactError
+from psa_edge.errors import ArtifactError, ConfigError
 
 State = dict[str, np.ndarray]
 
@@ -43,6 +44,71 @@ TOKENIZER = "tokenizer.json"
 # Raw positions a runner-form program keeps: more than any speculative draft (rollback reach).
 RUNNER_WINDOW = 64
 FLOAT_BYTES = 4
+
+
+# What a config may say before anything is allocated for it: each a type and a range. The size
+# limits are far beyond psa-edge's presets (psa-92m: vocab 8192, hidden 768, 12 layers) and keep
+# a corrupt or hostile file from asking for terabytes.
+INT_FIELDS = {"vocab_size": (1, 1 << 20), "hidden_size": (2, 1 << 15),
+              "intermediate_size": (1, 1 << 17), "num_hidden_layers": (1, 256),
+              "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024),
+              "max_position_embeddings": (1, 1 << 20)}
+FLOAT_FIELDS = {"rms_norm_eps": (0.0, 1.0), "rope_theta": (0.0, 1e12), "gamma_q": (0.0, 100.0),
+                "gamma_k": (0.0, 100.0)}
+MAX_PARAMETERS = 1_000_000_000  # 4 GB of fp32 weights
+
+
+def check_threads(threads) -> None:
+    """Refuse a thread count a runtime cannot take (ExecuTorch aborts on < 1, a pool far larger
+    than the machine hangs)."""
+    limit = 4 * (os.cpu_count() or 1)
+    if threads is not None and (not isinstance(threads, int) or not 1 <= threads <= limit):
+        raise ConfigError(f"threads must be an integer in [1, {limit}], got {threads!r}")
+
+
+def check_config(config: Mapping) -> None:
+    """Types, ranges and size of a model config (`ArtifactError`/`ConfigError` subclasses of
+    PsaEdgeError name the field and the limit)."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"the config is a {type(config).__name__}, not an object")
+    for name, (low, high) in INT_FIELDS.items():
+        value = config.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config field {name} must be an integer, got {value!r}")
+        if not low <= value <= high:
+            raise ConfigError(f"config field {name} = {value} is outside [{low}, {high}]")
+    for name, (low, high) in FLOAT_FIELDS.items():
+        value = config.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not low <= float(value) <= high:
+            raise ConfigError(f"config field {name} must be a number in [{low:g}, {high:g}], "
+                              f"got {value!r}")
+    if not low_exclusive(config["rms_norm_eps"]) or not low_exclusive(config["rope_theta"]):
+        raise ConfigError("config fields rms_norm_eps and rope_theta must be positive")
+    for name in ("bos_token_id", "eos_token_id"):
+        value = config.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < config["vocab_size"]):
+            raise ConfigError(f"config field {name} = {value!r} is not a token id of the "
+                              f"vocabulary")
+    if config["hidden_size"] % config["num_attention_heads"]:
+        raise ConfigError(f"hidden_size {config['hidden_size']} is not divisible by "
+                          f"num_attention_heads {config['num_attention_heads']}")
+    if config["num_attention_heads"] % config["num_key_value_heads"]:
+        raise ConfigError(f"num_attention_heads {config['num_attention_heads']} is not a "
+                          f"multiple of num_key_value_heads {config['num_key_value_heads']}")
+    if (config["hidden_size"] // config["num_attention_heads"]) % 2:
+        raise ConfigError("head_dim (hidden_size / num_attention_heads) must be even for RoPE")
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    per_layer = 4 * hidden * hidden + 3 * hidden * config["intermediate_size"]
+    parameters = 2 * config["vocab_size"] * hidden + layers * per_layer
+    if parameters > MAX_PARAMETERS:
+        raise ConfigError(f"the config asks for {parameters:,} parameters, more than psa-edge's "
+                          f"limit of {MAX_PARAMETERS:,}")
+
+
+def low_exclusive(value) -> bool:
+    return float(value) > 0
 
 
 def gammas(config: Mapping) -> tuple[float, float]:
@@ -86,6 +152,10 @@ class GraphIO:
     @classmethod
     def from_config(cls, config: Mapping, max_seq_len: int,
                     form: str = "explicit-state") -> "GraphIO":
+        check_config(config)
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) \
+                or not 1 <= max_seq_len <= INT_FIELDS["max_position_embeddings"][1]:
+            raise ArtifactError(f"max_seq_len {max_seq_len!r} is not a length")
         if form not in FORMS:
             raise ArtifactError(f"unknown graph form {form!r}; psa-edge knows {', '.join(FORMS)}")
         gamma_q, gamma_k = gammas(config)
@@ -98,8 +168,11 @@ class GraphIO:
     def from_manifest(cls, manifest: Mapping) -> "GraphIO":
         """The contract of an artifact, refused when its manifest's io block is not the one
         its config implies."""
-        io = cls.from_config(manifest["config"], manifest["max_seq_len"],
-                             manifest.get("form", "explicit-state"))
+        try:
+            io = cls.from_config(manifest["config"], manifest["max_seq_len"],
+                                 manifest.get("form", "explicit-state"))
+        except KeyError as exc:
+            raise ArtifactError(f"the manifest has no {exc.args[0]}")
         if manifest.get("io") != io.manifest_block():
             raise ArtifactError("the artifact's graph I/O is not the one this psa-edge exports "
                                 "for its config (an older psa-edge?); export it again")
@@ -207,6 +280,35 @@ class GraphIO:
         return {"kv_cache_bytes": FLOAT_BYTES * per_position * length,
                 "extra_bytes": FLOAT_BYTES * extra}
 
+    def patterns(self) -> tuple[list[tuple], list[tuple]]:
+        """The shape of every input and output, None where a dim is dynamic (chunk or past
+        length): what the graph a manifest describes must have."""
+        if self.form == "runner":
+            return [(1, None), (1,)], [(1, None, self.vocab_size)]
+        dh = self.head_dim
+        state = [(1, self.heads(f), None if f in CACHE_FIELDS else 1, dh)
+                 for _, name in self.state_io for f in [name.rsplit(".", 1)[1]]]
+        outputs = ([(1, None, self.vocab_size)]
+                   + [(1, self.num_kv_heads, None, dh)] * len(self.cache_io)
+                   + [(self.num_layers, self.heads(f), None, dh) for f in self.raw_fields])
+        return [(1, None)] + state, outputs
+
+    def check_signature(self, inputs: list, outputs: list, where: str) -> None:
+        """Refuse a graph whose inputs and outputs (shapes: ints, or anything for a dynamic
+        dim) are not the ones the manifest's config implies: a lying manifest."""
+        for kind, found, wanted in (("inputs", inputs, self.patterns()[0]),
+                                    ("outputs", outputs, self.patterns()[1])):
+            if len(found) != len(wanted):
+                raise ArtifactError(f"{where} has {len(found)} {kind}, its manifest describes "
+                                    f"{len(wanted)}")
+            for i, (shape, pattern) in enumerate(zip(found, wanted)):
+                static = [d if isinstance(d, int) else None for d in shape]
+                if len(static) != len(pattern) or any(
+                        p is not None and d is not None and d != p
+                        for d, p in zip(static, pattern)):
+                    raise ArtifactError(f"{where}: {kind[:-1]} {i} has shape {list(shape)}, its "
+                                        f"manifest's config implies {list(pattern)}")
+
     # -- manifest ---------------------------------------------------------------------------
 
     def manifest_block(self) -> dict:
@@ -217,6 +319,41 @@ class GraphIO:
         else:
             block.update(state_fields=list(self.state_fields), raw_fields=list(self.raw_fields))
         return block
+
+
+# The artifact manifest's fields a reader relies on, and their types (docs/spec.md §8).
+MANIFEST_FIELDS = {"kind": str, "target": str, "form": str, "backend": str, "config": dict,
+                   "max_seq_len": int, "io": dict, "files": dict, "twin": bool,
+                   "variant": str}
+OPTIONAL_FIELDS = {"quantization": dict, "source_checkpoint": dict, "delegation": dict,
+                   "parity": dict}
+
+
+def check_manifest(manifest, where: str) -> None:
+    """An artifact manifest's schema: required fields and types, a target and form psa-edge
+    knows, and a file list of names and sha256s that holds the model file."""
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{where} is a JSON {type(manifest).__name__}, not an object")
+    for field, kind in MANIFEST_FIELDS.items():
+        value = manifest.get(field)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ArtifactError(f"{where}: field {field!r} must be a {kind.__name__}, got "
+                                f"{value!r:.60}")
+    for field, kind in OPTIONAL_FIELDS.items():
+        if manifest.get(field) is not None and not isinstance(manifest[field], kind):
+            raise ArtifactError(f"{where}: field {field!r} must be a {kind.__name__} or null")
+    if manifest["kind"] != "artifact" or manifest["target"] not in BACKENDS \
+            or manifest["backend"] != BACKENDS[manifest["target"]] \
+            or manifest["form"] not in FORMS:
+        raise ArtifactError(f"{where} describes no artifact psa-edge knows (kind "
+                            f"{manifest['kind']!r:.30}, target {manifest['target']!r:.30}, "
+                            f"form {manifest['form']!r:.30})")
+    files = manifest["files"]
+    if MODEL_FILES[manifest["target"]] not in files or not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) == 64 and "/" not in k
+            for k, v in files.items()):
+        raise ArtifactError(f"{where}: field 'files' must map the folder's file names, the "
+                            f"model's among them, to sha256 digests")
 
 
 def slots_from(raw: State, io: GraphIO, row: int = -1) -> State:

@@ -5,7 +5,10 @@ show one induction example, check that token-by-token decoding over explicit sta
 full-sequence logits; export it to ONNX and ExecuTorch XNNPACK (the exporter's parity probe)
 and decode the example through ONNX Runtime; build int8 and check it (`quant-check`); run
 `verify` (cache parity, prefix reuse, rollback, speculative equality); generate with
-prompt-lookup speculative decoding; benchmark PSA against its twin.
+prompt-lookup speculative decoding; benchmark PSA against its twin. Then the shipped
+code-completion model (`models/psa-code.pt`, a language model of the standard library's source):
+export it to ONNX, complete a Python snippet, and complete it again with prompt-lookup
+speculative decoding.
 """
 
 from __future__ import annotations
@@ -14,6 +17,11 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+CODE_MODEL = Path(__file__).resolve().parent.parent / "models" / "psa-code.pt"
+SNIPPET = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+           "    def push(self, item):\n        self.items.append(item)\n\n"
+           "    def pop(self):\n        return self.")
 
 
 def run_demo(checkpoint: Path) -> None:
@@ -137,3 +145,28 @@ def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None
                   f"{ratio['geomean']:.3f}x the twin's time{interval}: the shear's cost "
                   f"(1.000 = none; 3 repetitions of a noisy measurement, docs/benchmarks.md has "
                   f"the careful one)")
+    if CODE_MODEL.exists():
+        code_steps(console, tmp)
+
+
+def code_steps(console: Console, tmp: Path) -> None:
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.runtime.generate import Stop, generate
+    from psa_edge.runtime.session import open_session
+    from psa_edge.runtime.speculative import PromptLookupDrafter, speculative_generate
+
+    run_export(ExportRequest(CODE_MODEL, "onnx", tmp / "code-onnx"))
+    session = open_session(tmp / "code-onnx")
+    tokenizer = session.tokenizer
+    prompt = tokenizer.encode(SNIPPET)
+    stop = Stop(frozenset({tokenizer.eos_id}), ("\n\n",), tokenizer.decode)
+    plain = generate(session, prompt, 48, stop=stop)
+    console.print(f"12. the code model {CODE_MODEL.name} (ONNX) completes a Python snippet, "
+                  f"greedy, until a blank line:")
+    console.print(SNIPPET + tokenizer.decode(plain.tokens).split("\n\n")[0], markup=False,
+                  highlight=False)
+    spec = speculative_generate(session, PromptLookupDrafter(), prompt, 48, stop=stop)
+    console.print(f"13. the same with prompt-lookup speculative decoding: "
+                  f"{spec.stats['accepted']}/{spec.stats['drafted']} drafts accepted, "
+                  f"{spec.stats['tokens_per_target_call']:.1f} tokens per target call, output "
+                  f"{'identical to' if spec.tokens == plain.tokens else 'DIFFERENT from'} greedy")

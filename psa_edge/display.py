@@ -264,5 +264,7 @@ def quant_check_table(result: dict) -> None:
     console.print(table)
     limits = result["thresholds"]
     verdict = "PASS" if result["passed"] else "FAIL"
-    console.print(f"{verdict}: accuracy drop <= {limits['max_acc_drop']:g} points and top-1 "
-                  f"agreement >= {limits['min_top1']:g}")
+    ppl = (f", perplexity increase <= {limits['max_ppl_increase']:.0%}"
+           if limits.get("max_ppl_increase") is not None else "")
+    console.print(f"{verdict}: accuracy drop <= {limits['max_acc_drop']:g} points, top-1 "
+                  f"agreement >= {limits['min_top1']:g}{ppl}")

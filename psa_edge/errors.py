@@ -37,3 +37,11 @@ class ExportError(PsaEdgeError):
 
 class SequenceError(PsaEdgeError):
     """A token id outside the vocabulary or a sequence longer than the artifact allows."""
+
+
+class TokenizerError(PsaEdgeError):
+    """A tokenizer that cannot be read or built as asked."""
+
+
+class CorpusError(PsaEdgeError):
+    """Text to train on that is missing, empty, binary, or not the corpus a model recorded."""

@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from psa_edge.contract import MANIFEST, MODEL_FILES
+from psa_edge.contract import MANIFEST, MODEL_FILES, check_manifest
 from psa_edge.errors import ArtifactError, OutputError
 
 
@@ -38,59 +38,181 @@ def _umask() -> int:
 UMASK = _umask()
 
 
-def check_writable_dir(path: Path) -> None:
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise OutputError(f"output directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise OutputError(f"output directory {parent} is not writable")
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike):
-    path = Path(path)
-    check_writable_dir(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+def _alive(pid: int) -> bool:
     try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~UMASK)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _temp_prefix(path: Path) -> str:
+    # The writer's pid in the name lets a later writer remove what a killed one left.
+    return f".{path.name}.{os.getpid()}."
+
+
+def sweep_stale(path: Path) -> None:
+    """Remove the temporary files and folders a killed writer of `path` left beside it."""
+    head = f".{path.name}."
+    with contextlib.suppress(OSError):
+        for sibling in path.parent.iterdir():
+            name = sibling.name
+            if not (name.startswith(head) and name.endswith(".tmp")):
+                continue
+            pid = name[len(head):].split(".", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                if sibling.is_dir() and not sibling.is_symlink():
+                    shutil.rmtree(sibling, ignore_errors=True)
+                else:
+                    sibling.unlink(missing_ok=True)
 
 
 def is_artifact_dir(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file()
 
 
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike):
-    """A temporary folder beside `path`, renamed to `path` on a clean exit (an artifact folder
-    already there is replaced; anything else there is refused), removed on any exception."""
+def check_output(path: str | os.PathLike, directory: bool = False,
+                 replaceable=is_artifact_dir) -> None:
+    """Refuse an output that cannot be written: a missing or read-only parent; for a file, a
+    directory or anything but a regular file at the path; for a folder, anything there that is
+    not `replaceable` (by default an artifact folder)."""
     path = Path(path)
-    check_writable_dir(path)
-    if path.exists() and not is_artifact_dir(path):
+    parent = path.parent
+    if not parent.is_dir():
+        raise OutputError(f"output directory {parent} does not exist")
+    try:  # try it: os.access says yes to root on /proc or a read-only mount
+        fd, probe = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f"output directory {parent} is not writable ({exc.strerror})")
+    if not directory and path.is_dir():
+        raise OutputError(f"{path} is a directory; name a file to write")
+    if not directory and path.exists() and not path.is_file():
+        raise OutputError(f"{path} exists and is not a regular file")
+    if directory and path.exists() and not replaceable(path):
         raise OutputError(f"{path} exists and is not a psa-edge artifact folder; "
                           f"choose another output")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    sweep_stale(path)
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """Why `path` is not a readable regular file, in a few words; None when it is one."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return "does not exist"
+    if path.is_symlink() and not path.exists():
+        return "is a broken symlink or a symlink loop"
+    if path.is_dir():
+        return "is a directory, not a file"
+    if not path.is_file():
+        return "is not a regular file"
+    return None
+
+
+def refuse_overlap(outputs, inputs) -> None:
+    """Refuse outputs that would replace an input: the same file, a folder holding one, or a
+    file inside an input folder (an artifact)."""
+    for output in outputs:
+        target = Path(os.path.realpath(output))  # a symlink loop stays itself, no error
+        for given in inputs:
+            if given is None:
+                continue
+            source = Path(os.path.realpath(given))
+            inside = source.is_dir() and source in target.parents
+            if target == source or target in source.parents or inside:
+                raise OutputError(f"output {output} would overwrite the input {given}; "
+                                  f"choose another output")
+
+
+def _cannot_write(path: Path, exc: OSError) -> OutputError:
+    return OutputError(f"cannot write {path}: {exc.strerror or exc}")
+
+
+@contextlib.contextmanager
+def atomic_outputs(*paths: str | os.PathLike):
+    """Temporary files beside each of `paths`, renamed onto them in the order given on a clean
+    exit; on any exception (a full disk, a signal turned into an exception) all are removed
+    and nothing is renamed."""
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        check_output(path)
+    temps: list[Path] = []
+    try:
+        for path in paths:
+            fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            temps.append(Path(tmp))
+        yield temps
+        for tmp, path in zip(temps, paths):
+            os.chmod(tmp, 0o666 & ~UMASK)
+            os.replace(tmp, path)
+    except BaseException as exc:
+        for tmp in temps:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _cannot_write(paths[0], exc) from exc
+        raise
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike):
+    with atomic_outputs(path) as (tmp,):
+        yield tmp
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    at_cwd, exchange = -100, 2
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike, replaceable=is_artifact_dir):
+    """A temporary folder beside `path`, put in its place on a clean exit, removed on any
+    exception. What is at `path` already must be `replaceable` (by default an artifact folder);
+    it is swapped out in one step where the kernel can (Linux), so a reader sees the old
+    folder or the new one, never none."""
+    path = Path(path)
+    check_output(path, directory=True, replaceable=replaceable)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
+    except OSError as exc:
+        raise _cannot_write(path, exc) from exc
+    old = None
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~UMASK)
-        for child in tmp.iterdir():
-            os.chmod(child, 0o666 & ~UMASK)
-        old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / "artifact")
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+        for child in tmp.iterdir():  # umask modes, keeping an executable executable
+            if child.is_file():
+                mode = 0o777 if child.stat().st_mode & 0o100 else 0o666
+                os.chmod(child, mode & ~UMASK)
+        if path.exists() and _exchange(tmp, path):
+            old = tmp
+        else:
+            if path.exists():  # no exchange here: move the old folder aside first
+                old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp",
+                                            dir=path.parent))
+                os.replace(path, old / "replaced")
+            os.replace(tmp, path)
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise _cannot_write(path, exc) from exc
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -154,6 +276,20 @@ class Artifact:
     def path(self, name: str) -> Path:
         return self.folder / name
 
+    def read(self, name: str) -> bytes:
+        """A file of the folder, read once and checked against the manifest's sha256: what the
+        caller uses is what was checked."""
+        path = self.folder / name
+        if name not in self.manifest["files"]:
+            raise ArtifactError(f"{self.folder / MANIFEST} lists no {name}")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}")
+        if self.manifest["files"][name] != sha256_bytes(data):
+            raise ArtifactError(f"{MANIFEST} does not match {path} (sha256 differs)")
+        return data
+
 
 def artifact_folder(path: str | os.PathLike) -> Path:
     """The artifact folder a user names: the folder itself or the model file inside it."""
@@ -170,20 +306,15 @@ def artifact_folder(path: str | os.PathLike) -> Path:
 def read_artifact(path: str | os.PathLike, check_hash: bool = True) -> Artifact:
     folder = artifact_folder(path)
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"manifest {folder / MANIFEST} is not valid JSON ({exc})")
-    if not isinstance(manifest, dict) or manifest.get("target") not in MODEL_FILES \
-            or not isinstance(manifest.get("files"), dict):
-        raise ArtifactError(f"{folder / MANIFEST} is not a psa-edge artifact manifest")
-    model = folder / MODEL_FILES[manifest["target"]]
-    try:
-        data = model.read_bytes() if check_hash else b""
-    except OSError as exc:
-        raise ArtifactError(f"cannot read {model}: {exc.strerror}")
-    if check_hash and manifest["files"].get(model.name) != sha256_bytes(data):
-        raise ArtifactError(f"{MANIFEST} does not match {model} (sha256 differs)")
-    return Artifact(folder, manifest, data)
+        manifest = json.loads((folder / MANIFEST).read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ArtifactError(f"manifest {folder / MANIFEST} is not valid JSON "
+                            f"({str(exc)[:100]})")
+    check_manifest(manifest, str(folder / MANIFEST))
+    artifact = Artifact(folder, manifest, b"")
+    if check_hash:
+        artifact = Artifact(folder, manifest, artifact.read(MODEL_FILES[manifest["target"]]))
+    return artifact
 
 
 @contextlib.contextmanager

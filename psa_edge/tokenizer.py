@@ -1,10 +1,14 @@
-"""The character tokenizer of psa-edge models (no torch): one character per token id.
+"""The tokenizer that travels with a model (numpy-free; Hugging Face `tokenizers`, no torch).
 
-The induction tasks have no text, only token ids; ExecuTorch's LLM runner and a prompt on the
-command line need a tokenizer all the same. Token id i is the i-th character of the base64
-alphabet for i < 64 (so ids of the default 64-token model read as letters and digits), and the
-CJK ideograph U+4E00 + (i - 64) beyond. `write_hf_tokenizer` writes the same map as a Hugging
-Face `tokenizer.json` (a BPE model without merges), the format the runner loads.
+Contract: a `Tokenizer` is a Hugging Face `tokenizer.json` and the special token ids read from it.
+Every model has one: a text model a byte-level BPE (`train_bpe`, trained on its corpus, with
+`<|endoftext|>` between documents), an induction-task model a character map (`chars`: token id i
+is the i-th character of the base64 alphabet for i < 64, the CJK ideograph U+4E00 + (i - 64)
+beyond), with a `Fuse` decoder so that every decoder reads the ids back as the same text. It is
+stored in the checkpoint as the JSON text and written beside every artifact as `tokenizer.json`
+and `tokenizer_config.json` (`write`), which Hugging Face `tokenizers`, `PreTrainedTokenizerFast`,
+ExecuTorch's `TextLLMRunner` and psa-edge's runtime all read. `encode` refuses text the
+vocabulary cannot represent (a character tokenizer would drop it silently).
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from psa_edge.errors import SequenceError
-from psa_edge.io import write_text
+from psa_edge.errors import SequenceError, TokenizerError
 
 BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 CJK_START = 0x4E00
-MAX_VOCAB = len(BASE64) + (0x9FFF - CJK_START + 1)
+MAX_CHAR_VOCAB = len(BASE64) + (0x9FFF - CJK_START + 1)
+EOS = "<|endoftext|>"
+BYTE_ALPHABET = 256  # a byte-level BPE starts from every byte
+FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def token_char(token_id: int) -> str:
@@ -26,33 +32,88 @@ def token_char(token_id: int) -> str:
     return chr(CJK_START + token_id - len(BASE64))
 
 
-def char_token(ch: str) -> int:
-    if ch in BASE64:
-        return BASE64.index(ch)
-    return ord(ch) - CJK_START + len(BASE64) if ord(ch) >= CJK_START else -1
+class Tokenizer:
+    def __init__(self, json_text: str):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self.hf = HFTokenizer.from_str(json_text)
+        except Exception as exc:  # noqa: BLE001 - the Rust library raises its own classes
+            raise TokenizerError(f"not a Hugging Face tokenizer.json ({str(exc)[:120]})")
+        self.json = json_text
+        self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
+        self.eos_id = self.hf.token_to_id(EOS)
+        self.lossless = (json.loads(json_text).get("decoder") or {}).get("type") == "ByteLevel"
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Tokenizer":
+        from psa_edge.io import not_a_file
+
+        if (problem := not_a_file(path)) is not None:
+            raise TokenizerError(f"tokenizer {path} {problem}")
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TokenizerError(f"cannot read tokenizer {path}: {exc}")
+        return cls(text)
+
+    @classmethod
+    def chars(cls, vocab_size: int) -> "Tokenizer":
+        """The character tokenizer of an induction-task vocabulary."""
+        if not 1 <= vocab_size <= MAX_CHAR_VOCAB:
+            raise TokenizerError(f"vocabulary {vocab_size} does not fit the character "
+                                 f"tokenizer (1..{MAX_CHAR_VOCAB})")
+        model = {"type": "BPE", "dropout": None, "unk_token": None,
+                 "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                 "fuse_unk": False, "byte_fallback": False,
+                 "vocab": {token_char(i): i for i in range(vocab_size)}, "merges": []}
+        return cls(json.dumps({"version": "1.0", "truncation": None, "padding": None,
+                               "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
+                               "post_processor": None, "decoder": {"type": "Fuse"},
+                               "model": model}, ensure_ascii=False))
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=False).ids
+        if not self.lossless and self.decode(ids) != text:
+            bad = next((ch for ch in text if self.hf.token_to_id(ch) is None), text[:20])
+            raise SequenceError(f"{bad!r} is not in the model's {self.vocab_size}-token "
+                                f"vocabulary")
+        return ids
+
+    def decode(self, ids) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def config(self, max_length: int) -> dict:
+        """tokenizer_config.json: what `PreTrainedTokenizerFast` (AutoTokenizer) reads."""
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length,
+                  "clean_up_tokenization_spaces": False, "add_bos_token": False,
+                  "add_eos_token": False}
+        if self.eos_id is not None:
+            config["eos_token"] = EOS
+        return config
+
+    def write(self, folder: Path, max_length: int) -> None:
+        """tokenizer.json and tokenizer_config.json into a folder being built."""
+        from psa_edge.io import write_text
+
+        write_text(folder / FILES[0], self.json)
+        write_text(folder / FILES[1], json.dumps(self.config(max_length), indent=2) + "\n")
 
 
-def encode(text: str, vocab_size: int) -> list[int]:
-    ids = [char_token(ch) for ch in text]
-    for ch, token in zip(text, ids):
-        if not 0 <= token < vocab_size:
-            raise SequenceError(f"character {ch!r} is not in the {vocab_size}-token vocabulary")
-    return ids
+def train_bpe(documents, vocab_size: int) -> Tokenizer:
+    """A byte-level BPE of `vocab_size` tokens (the 256 bytes, `<|endoftext|>`, merges) trained
+    on an iterable of texts, as GPT-2's: no normalization, no prefix space."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
-
-def decode(ids) -> str:
-    return "".join(token_char(int(i)) for i in ids)
-
-
-def write_hf_tokenizer(path: str | Path, vocab_size: int) -> None:
-    if vocab_size > MAX_VOCAB:
-        raise SequenceError(f"vocabulary {vocab_size} exceeds the character tokenizer's "
-                            f"{MAX_VOCAB}")
-    model = {"type": "BPE", "dropout": None, "unk_token": None,
-             "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
-             "byte_fallback": False,
-             "vocab": {token_char(i): i for i in range(vocab_size)}, "merges": []}
-    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-                 "normalizer": None, "pre_tokenizer": None, "post_processor": None,
-                 "decoder": None, "model": model}
-    write_text(path, json.dumps(tokenizer, ensure_ascii=False))
+    if vocab_size < BYTE_ALPHABET + 1:
+        raise TokenizerError(f"--vocab-size {vocab_size} is below the byte alphabet plus "
+                             f"{EOS} ({BYTE_ALPHABET + 1})")
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    hf.train_from_iterator(documents, trainer=trainer)
+    return Tokenizer(hf.to_str())

@@ -3,7 +3,9 @@ session (the export and runtime tests share the artifacts). Exports run two at a
 processes (`export_all`): lowering to ExecuTorch is most of the suite's time."""
 
 import multiprocessing
+import os
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -14,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from psa_edge.model import PSATransformer, preset_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+# The first-open checks (runtime.guard) remember what they checked: here, not in the user's home.
+os.environ["PSA_EDGE_CACHE"] = tempfile.mkdtemp(prefix="psa-edge-test-cache-")
 
 
 def make_model(variant="key-only", gamma=None, seed=0, **overrides):

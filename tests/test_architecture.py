@@ -13,12 +13,14 @@ PACKAGE = REPO / "psa_edge"
 LAYERS = {
     "__init__": set(), "errors": set(), "contract": {"errors"}, "io": {"errors", "contract"},
     "tokenizer": {"errors", "io"}, "display": {"io"}, "theory": set(),
-    "model": {"errors", "io", "contract"}, "tasks": {"errors"},
+    "model": {"errors", "io", "contract", "tokenizer"}, "tasks": {"errors"},
     "backends": {"errors", "io", "contract", "model"},
     "runtime": {"errors", "io", "contract", "backends", "tokenizer", "__init__"},
-    "train": {"errors", "io", "model", "tasks"},
-    "checks": {"errors", "io", "contract", "model", "tasks", "backends", "runtime"},
-    "export": {"errors", "io", "contract", "model", "tasks", "checks", "tokenizer"},
+    "train": {"errors", "io", "model", "tasks", "tokenizer"},
+    "checks": {"errors", "io", "contract", "model", "tasks", "backends", "runtime",
+               "tokenizer"},
+    "hf": {"errors", "io", "contract", "model", "tokenizer"},
+    "export": {"errors", "io", "contract", "model", "tasks", "checks", "tokenizer", "hf"},
     "certify": {"theory", "model"},
 }
 TOP = {"cli", "demo"}  # may import anything

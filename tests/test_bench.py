@@ -217,6 +217,12 @@ def test_bundle_runs_bench_torch_free(artifacts, tmp_path):
                             cwd=out, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["ratio_psa_over_twin"]["tg8_time"]["median"] > 0
+    script = without_editable_install(out, ["verify", "models/onnx", "--json"])
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=out, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["passed"] and "recorded" in report["reference"], report["reference"]
     script = without_editable_install(out, ["train", "-o", "x.pt"])
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=out, env=env, timeout=120)

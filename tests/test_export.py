@@ -263,13 +263,16 @@ runner.generate(sys.argv[1], GenerationConfig(echo=False, max_new_tokens=20, tem
                 token_callback=pieces.append)
 print(json.dumps(pieces))
 """
-    from psa_edge.tokenizer import decode, encode
+    from psa_edge.tokenizer import Tokenizer
+
+    chars = Tokenizer.chars(64)
+    decode, encode = chars.decode, chars.encode
 
     prompt = [5, 9, 33, 5, 9, 2, 60, 41]
     result = subprocess.run([sys.executable, "-c", script, decode(prompt)], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    generated = encode("".join(json.loads(result.stdout.strip().splitlines()[-1])), 64)
+    generated = encode("".join(json.loads(result.stdout.strip().splitlines()[-1])))
     model = eager(checkpoints, "runner")
     ids = list(prompt)
     with torch.no_grad():

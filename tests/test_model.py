@@ -106,7 +106,8 @@ def test_state_dict_uses_llama_names():
     assert len(names) == 3 + 2 * 9
 
 
-@pytest.mark.parametrize("name,low,high", [("tiny", 1e4, 1e6), ("psa-0.5m", 4e5, 6e5), ("psa-4m", 3.5e6, 4.5e6),
+@pytest.mark.parametrize("name,low,high", [("tiny", 1e4, 1e6), ("psa-0.5m", 4e5, 6e5),
+                                           ("psa-1m", 0.8e6, 1.2e6), ("psa-4m", 3.5e6, 4.5e6),
                                            ("psa-30m", 27e6, 33e6), ("psa-92m", 88e6, 96e6)])
 def test_preset_parameter_counts(name, low, high):
     with torch.device("meta"):

@@ -1,15 +1,40 @@
-"""A short training run shows the mechanism: 1-layer key-only learns induction, baseline cannot."""
+"""Training: the mechanism in a short run, the schedule, data-parallel processes against one,
+resuming against an uninterrupted run, the device of every tensor the model builds, and a GPU
+run where there is one."""
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
+from conftest import REPO
+from psa_edge.model.checkpoint import read_checkpoint
+from psa_edge.tasks import get_task
 from psa_edge.train.trainer import TrainSpec, evaluate, lr_at, train
+
+SHORT = ["--task", "ih-sht", "--seq-len", "32", "--preset", "tiny", "--layers", "2", "--steps",
+         "6", "--batch-size", "8", "--eval-every", "3", "--eval-samples", "16", "--lr", "0.01",
+         "--device", "cpu"]
+
+
+def run(*args, env=None, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def weights(path):
+    return read_checkpoint(path)["state_dict"]
 
 
 def test_key_only_beats_baseline_in_a_short_run():
     torch.set_num_threads(1)
     common = dict(task="ih-safari", preset="tiny", steps=150, eval_every=150, batch_size=32)
-    psa = train(TrainSpec(variant="key-only", **common))
-    base = train(TrainSpec(variant="baseline", **common))
+    task = get_task("ih-safari")
+    psa = train(TrainSpec(variant="key-only", **common), task)
+    base = train(TrainSpec(variant="baseline", **common), task)
     chance = psa.task.chance
     assert psa.final["accuracy"] >= 0.9, psa.final
     assert base.final["accuracy"] <= chance + 0.1, base.final
@@ -22,3 +47,60 @@ def test_lr_schedule():
     spec = TrainSpec(steps=100, warmup=10, lr=1.0)
     assert lr_at(0, spec) == 0.1 and lr_at(9, spec) == 1.0
     assert abs(lr_at(99, spec) - 0.1) < 1e-3
+
+
+def test_two_data_parallel_processes_train_the_weights_of_one(tmp_path):
+    """torchrun, 2 processes over gloo, each with half of every global batch: the weights of one
+    process with the whole batch (ih-sht scores a different number of positions per row, so a
+    per-process mean loss would not do). Only the main process writes."""
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    assert run("psa_edge.cli", "train", *SHORT, "-o", one).returncode == 0
+    result = run("psa_edge.cli", "train", *SHORT, "-o", two, "--nproc", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = weights(one), weights(two)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{stem}{suffix}" for stem in ("one", "two")
+        for suffix in (".pt", ".pt.json", ".metrics.jsonl", ".curve.png"))
+
+
+def test_resume_continues_to_the_weights_of_an_uninterrupted_run(tmp_path):
+    whole, parted = tmp_path / "whole.pt", tmp_path / "parted.pt"
+    assert run("psa_edge.cli", "train", *SHORT, "-o", whole).returncode == 0
+    first = run("psa_edge.cli", "train", *SHORT, "--state-every", "3", "-o", parted)
+    assert first.returncode == 0, first.stderr[-2000:]
+    state = tmp_path / "parted.state.pt"
+    parted.unlink()  # as if the run had died after step 3
+    result = run("psa_edge.cli", "train", "--resume", state, "--device", "cpu", "-o", parted)
+    assert result.returncode == 0, result.stderr[-2000:]
+    a, b = weights(whole), weights(parted)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    rows = [line for line in (tmp_path / "parted.metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2  # the evaluation at step 3 carried over from the state, and step 6
+
+
+def test_the_model_builds_no_tensor_on_a_fixed_device():
+    """On the "meta" device nothing is computed: every mask, position and RoPE table the forward
+    creates must be created there too, or the forward fails on mixing devices."""
+    from psa_edge.model import PSATransformer, preset_config
+
+    model = PSATransformer(preset_config("tiny", "symmetric", num_hidden_layers=2)).to("meta")
+    logits = model(torch.zeros(2, 9, dtype=torch.long, device="meta"))
+    assert logits.device.type == "meta" and logits.shape == (2, 9, 64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine (CI has "
+                    "none); the GPU path runs where one is present")
+def test_training_on_a_gpu_writes_a_cpu_checkpoint(tmp_path):
+    out = tmp_path / "gpu.pt"
+    args = [a if a != "cpu" else "cuda" for a in SHORT]
+    result = run("psa_edge.cli", "train", *args, "-o", out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    state = weights(out)
+    assert all(t.device.type == "cpu" and t.dtype == torch.float32 for t in state.values())
+    cpu = tmp_path / "cpu.pt"
+    assert run("psa_edge.cli", "train", *SHORT, "-o", cpu).returncode == 0
+    # bf16 autocast against fp32: the same run, to the precision bf16 keeps over 6 steps
+    for name, tensor in weights(cpu).items():
+        torch.testing.assert_close(state[name], tensor, rtol=0.05, atol=0.02, msg=name)

@@ -4,6 +4,10 @@ psa-30m presets on this machine, ONNX Runtime and ExecuTorch XNNPACK, fp32 and i
 
     .venv/bin/python tools/bench_presets.py --threads 1 -r 20 --rounds 2   # ~50 min on 2 cores
     .venv/bin/python tools/bench_presets.py --presets psa-4m -r 5          # quicker
+    .venv/bin/python tools/bench_presets.py --exports --presets tiny psa-4m psa-30m
+
+`--exports` writes docs/export-sizes.md instead: export time (the whole `run_export`, parity
+check included) and artifact size per preset and target.
 
 Models have random weights (`common.random_checkpoint`). Each pair is benchmarked in 2 x
 `--rounds` processes (`bench A --vs B` and `bench B --vs A`, inverted, so neither is always
@@ -22,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -175,6 +180,37 @@ that made it and the command to rerun it there: [decode-profile.md](decode-profi
     print(block)
 
 
+def export_sizes(args) -> None:
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.model import PSATransformer, count_parameters, preset_config
+
+    lines = ["| preset | parameters | target | export time (s) | model file (MB) | "
+             "checkpoint (MB) | parity max abs err | XNNPACK-delegated nodes |",
+             "|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in args.presets:
+            ckpt = random_checkpoint(preset, Path(tmp) / f"{preset}.pt")
+            params = count_parameters(PSATransformer(preset_config(preset)))
+            for target in ("onnx", "xnnpack", "portable"):
+                started = time.time()
+                m = run_export(ExportRequest(ckpt, target, Path(tmp) / target, 256))
+                delegated = (m["delegation"] or {}).get("delegated_fraction")
+                lines.append(f"| {preset} | {params / 1e6:.2f}M | {target} | "
+                             f"{time.time() - started:.1f} | {m['size_bytes'] / 1e6:.2f} | "
+                             f"{ckpt.stat().st_size / 1e6:.2f} | "
+                             f"{max(m['parity']['max_abs_logit_error'].values()):.1e} | "
+                             f"{'' if delegated is None else f'{100 * delegated:.0f}%'} |")
+                print(lines[-1], flush=True)
+    write_doc("export-sizes.md", f"""# Export time and artifact size
+
+Made by `.venv/bin/python tools/bench_presets.py --exports --presets {' '.join(args.presets)}`
+on {machine()}. Random weights (seed 0), key-only gamma_k = 0.8, max_seq_len 256, fp32. Time
+is the whole `psa-edge export` pipeline: load, torch.export, lowering, serialization and the
+parity probe.
+
+""" + "\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["psa-4m", "psa-30m"])
@@ -183,7 +219,10 @@ def main() -> None:
     parser.add_argument("-r", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=1, help="Processes per pair and order.")
+    parser.add_argument("--exports", action="store_true", help="export sizes and times only")
     args = parser.parse_args()
+    if args.exports:
+        return export_sizes(args)
     BENCH.mkdir(parents=True, exist_ok=True)
     started = time.time()
     peak = gemm_peak(args.threads)

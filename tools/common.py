@@ -109,7 +109,7 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
     try:
         m = read_artifact(folder).manifest
         GraphIO.from_manifest(m)
-        same = (m["source_checkpoint"]["sha256"] == sha256_file(checkpoint)
+        same = ("self_check" in m and m["source_checkpoint"]["sha256"] == sha256_file(checkpoint)
                 and m["twin"] == twin and m["form"] == form
                 and (max_seq_len is None or m["max_seq_len"] == max_seq_len)
                 and (m["quantization"] or {}).get("activations") == (

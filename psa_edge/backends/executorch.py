@@ -51,6 +51,7 @@ def load_methods(artifact: Artifact, optional: tuple[str, ...] = ()) -> tuple[ob
             portable_lib._threadpool_get_thread_count()
             program = Runtime.get().load_program(artifact.data)
             names = [n for n in ("forward", *optional) if n in program.method_names]
+            signatures = {name: signature(program.metadata(name)) for name in names}
             methods = {name: program.load_method(name) for name in names}
     except Exception as exc:  # noqa: BLE001 - the pybindings raise plain RuntimeErrors
         reason = f" ({NATIVE_LOG_PREFIX.sub('', log[-1])})" if log else ""
@@ -58,7 +59,16 @@ def load_methods(artifact: Artifact, optional: tuple[str, ...] = ()) -> tuple[ob
                             f"{str(exc)[:160]}{reason}")
     if "forward" not in methods:
         raise ArtifactError(f"{artifact.model_path} has no method 'forward'")
+    io = GraphIO.from_manifest(artifact.manifest)
+    for name, (inputs, outputs) in signatures.items():
+        io.check_signature(inputs, outputs, f"{artifact.model_path} method {name}")
     return program, methods
+
+
+def signature(meta) -> tuple[list, list]:
+    """The input and output sizes of a method (dynamic dims at their upper bound)."""
+    return ([tuple(meta.input_tensor_meta(i).sizes()) for i in range(meta.num_inputs())],
+            [tuple(meta.output_tensor_meta(i).sizes()) for i in range(meta.num_outputs())])
 
 
 def as_torch(array: np.ndarray) -> torch.Tensor:

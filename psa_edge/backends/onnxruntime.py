@@ -31,6 +31,13 @@ class OnnxGraph(Graph):
         except Exception as exc:  # noqa: BLE001 - ORT raises its own classes for bad files
             raise ArtifactError(f"ONNX Runtime cannot load {artifact.model_path}: "
                                 f"{str(exc)[:160]}")
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        where = str(artifact.model_path)
+        if [i.name for i in inputs] != list(self.io.input_names) or \
+                [o.name for o in outputs] != list(self.io.output_names):
+            raise ArtifactError(f"{where}: the graph's input and output names are not those its "
+                                f"manifest's config implies")
+        self.io.check_signature([i.shape for i in inputs], [o.shape for o in outputs], where)
         self.outputs = list(self.io.output_names)
 
     def run(self, feeds):

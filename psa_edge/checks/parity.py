@@ -1,7 +1,8 @@
 """Parity at export: an artifact against the eager fp32 reference on a probe sequence.
 
-Contract: `probe_parity(reference, artifact_folder)` opens the artifact as a device would
-(`runtime.open_session`, either form), feeds the probe all at once and token by token, and
+Contract: `probe_parity(reference, artifact_folder)` opens the exporter's own new artifact as a
+device would (`runtime.open_session`, either form; being this machine's own output, without the
+first-open child process of `runtime.guard`), feeds the probe all at once and token by token, and
 reports the max abs logit error and the argmax agreement of each against the reference's
 full-sequence forward, and the logit scale.
 - fp32 artifacts: a PROBE_LEN random probe; pass within `reference.FP32_RTOL` of the logit
@@ -11,7 +12,8 @@ full-sequence forward, and the logit scale.
   with argmax agreement >= INT8_MIN_AGREEMENT on the positions the reference has decided. At a
   near-tie any rounding may flip the argmax; that is not a broken build, a flip where the
   reference is decided is. Agreement over all positions is reported.
-`passed` is False otherwise; the exporter then refuses the artifact.
+`passed` is False otherwise; the exporter then refuses the artifact. `self_check` is the
+artifact's own fingerprint on a few tokens, which a later first open compares (`runtime.guard`).
 """
 
 from __future__ import annotations
@@ -32,21 +34,25 @@ def probe_tokens(vocab_size: int, length: int = PROBE_LEN) -> np.ndarray:
     return np.random.default_rng(PROBE_SEED).integers(0, vocab_size, size=length).astype(np.int64)
 
 
-def int8_probe_tokens(manifest: dict) -> np.ndarray:
+def int8_probe_tokens(manifest: dict, tokenizer) -> np.ndarray:
     from psa_edge.tasks import task_from_dict
 
-    task = task_from_dict(manifest["source_checkpoint"]["task"])
+    task = task_from_dict(manifest["source_checkpoint"]["task"], tokenizer)
     tokens, _ = task.sample("test", 1, seed=PROBE_SEED)
     return tokens[0, :min(INT8_PROBE_LEN, manifest["max_seq_len"])]
 
 
 def probe_parity(reference: Reference, folder: Path) -> dict:
+    from psa_edge.io import read_artifact
+    from psa_edge.runtime.guard import mark_checked, self_check_record
     from psa_edge.runtime.session import open_session
 
+    mark_checked(read_artifact(folder).identity)
     session = open_session(folder)
     manifest = session.manifest
     int8 = manifest.get("quantization") is not None
-    tokens = int8_probe_tokens(manifest) if int8 else probe_tokens(reference.vocab_size)
+    tokens = (int8_probe_tokens(manifest, reference.model.tokenizer) if int8
+              else probe_tokens(reference.vocab_size))
     expected = reference.logits(tokens)
     scale, limit = logit_scale(expected), tolerance(expected, int8)
     top2 = np.sort(expected, -1)[:, -2:]
@@ -66,7 +72,8 @@ def probe_parity(reference: Reference, folder: Path) -> dict:
             "decided_positions": int(decided.sum()),
             "decided_argmax_agreement": decided_agreement if int8 else None,
             "logit_scale": scale, "tolerance": limit,
-            "min_agreement": INT8_MIN_AGREEMENT if int8 else None, "passed": passed}
+            "min_agreement": INT8_MIN_AGREEMENT if int8 else None, "passed": passed,
+            "self_check": self_check_record(session)}
 
 
 def failure_message(parity: dict) -> str:

@@ -12,7 +12,10 @@ then `run(plan, thresholds)`
   argmax over every position, KL(float || artifact) per token (mean, p99, max), the RMS of the
   probability difference on the reference's top token, the max abs logit error, and the
   perplexity of the task's targets (scored positions) with its ratio;
-- `failures` names every threshold crossed (accuracy drop in points, minimum top-1 agreement).
+- `failures` names every threshold crossed (accuracy drop in points, minimum top-1 agreement,
+  and for a language model the relative increase of its validation perplexity).
+For a language model (a text task) the task accuracy is next-token accuracy and the perplexity
+is the validation perplexity over every position of the held-out windows.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from psa_edge.tasks import EVAL_SEED, IGNORE, get_task, task_from_dict
 
 @dataclass(frozen=True)
 class Thresholds:
-    max_acc_drop: float = 1.0   # accuracy points the artifact may lose
-    min_top1: float = 0.98      # top-1 agreement with the float reference
+    max_acc_drop: float = 1.0       # accuracy points the artifact may lose
+    min_top1: float = 0.98          # top-1 agreement with the float reference
+    max_ppl_increase: float = 0.05  # language models: relative increase of the perplexity
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -68,8 +72,12 @@ def compare(reference: np.ndarray, candidate: np.ndarray, targets: np.ndarray, t
     }
 
 
-def failures(metrics: dict, limits: Thresholds) -> list[str]:
+def failures(metrics: dict, limits: Thresholds, language_model: bool = False) -> list[str]:
     out = []
+    increase = metrics["target_perplexity_ratio"] - 1
+    if language_model and increase > limits.max_ppl_increase:
+        out.append(f"perplexity increase {increase:.2%} exceeds --max-ppl-increase "
+                   f"{limits.max_ppl_increase:g}")
     drop = -metrics["accuracy_delta_points"]
     if drop > limits.max_acc_drop:
         out.append(f"accuracy drop {drop:.2f} points exceeds --max-acc-drop "
@@ -112,7 +120,7 @@ def prepare(checkpoint: Path, artifact: Path, task_name: str | None = None, samp
     if task_name is None:
         if not (manifest.get("source_checkpoint") or {}).get("task"):
             raise TaskError(f"{checkpoint} records no task; pass --task")
-        task = task_from_dict(manifest["source_checkpoint"]["task"])
+        task = task_from_dict(manifest["source_checkpoint"]["task"], reference.model.tokenizer)
     else:
         task = get_task(task_name)
     if task.vocab_size != reference.vocab_size:
@@ -135,7 +143,8 @@ def run(plan: Plan, limits: Thresholds = Thresholds(), progress=None) -> dict:
         if progress is not None:
             progress()
     metrics = compare(reference, np.stack(candidate), plan.targets, plan.task)
-    failed = failures(metrics, limits)
+    language_model = plan.task.name == "text"
+    failed = failures(metrics, limits, language_model)
     manifest = plan.manifest
     return {"checkpoint": str(plan.checkpoint), "artifact": str(plan.artifact),
             "task": plan.task.to_dict(), "samples": len(plan.inputs),
@@ -143,5 +152,7 @@ def run(plan: Plan, limits: Thresholds = Thresholds(), progress=None) -> dict:
             "quantization": (manifest.get("quantization") or {}).get("scheme", "fp32"),
             "target": manifest.get("target"), "twin": bool(manifest.get("twin")),
             "size_bytes": manifest.get("size_bytes"), "metrics": metrics,
-            "thresholds": {"max_acc_drop": limits.max_acc_drop, "min_top1": limits.min_top1},
+            "thresholds": {"max_acc_drop": limits.max_acc_drop, "min_top1": limits.min_top1,
+                           "max_ppl_increase": limits.max_ppl_increase if language_model
+                           else None},
             "failures": failed, "passed": not failed}

@@ -110,8 +110,12 @@ class Reference:
         from psa_edge.model.transformer import twin_of
         from psa_edge.runtime.session import Session
 
+        from psa_edge.model.checkpoint import tokenizer_of
+
         model = twin_of(self.model) if twin else self.model
-        return Session(EagerGraph(model, self.name + (" (twin)" if twin else ""), max_seq_len))
+        session = Session(EagerGraph(model, self.name + (" (twin)" if twin else ""), max_seq_len))
+        session.tokenizer = tokenizer_of(model)
+        return session
 
 
 def open_any(path: str | Path, threads: int | None = None):

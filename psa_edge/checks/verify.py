@@ -16,8 +16,10 @@ its measured error, tolerance and PASS/FAIL, and a cache-size table:
    agrees (the artifact itself) and one that never does; a divergence is accepted only where
    the target's top-2 margin is below TIE_MARGIN, and reported.
 Tolerances (`reference.py`): an int8 artifact is compared with the reference within the int8
-bound and with itself (reuse, rollback) at fp32 tolerance. The reference checkpoint defaults to
-the one the manifest names.
+bound and with itself (reuse, rollback) at fp32 tolerance. The reference is the eager forward of
+the checkpoint the manifest names (or `--reference`) where it and torch are present; elsewhere
+(a device bundle) the reference's logits on the same probes, recorded at export
+(`reference.npz`), and the twin's cache bytes computed from its config. The report names which.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ from psa_edge.checks.reference import (FP32_RTOL, TIE_MARGIN, Reference, feed_ch
                                        logit_scale, random_chunks, tolerance)
 from psa_edge.contract import GraphIO, same_architecture
 from psa_edge.errors import ArtifactError
+from psa_edge.io import artifact_folder
 from psa_edge.runtime.generate import generate
 from psa_edge.runtime.session import open_session
 from psa_edge.runtime.speculative import (SessionDrafter, ShiftedDrafter,
                                           speculative_generate)
+
+REFERENCE = "reference.npz"
 
 
 @dataclass
@@ -47,6 +52,77 @@ class Check:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class Probes:
+    """The sequences verify feeds, a function of the vocabulary and max length alone, so that
+    a reference recorded at export (`record_reference`) holds the logits of exactly these."""
+    tokens: np.ndarray          # the parity probe
+    continuations: np.ndarray   # [4, 8], each after the first half of `tokens`
+
+    @classmethod
+    def of(cls, vocab_size: int, max_seq_len: int, seed: int = 0) -> "Probes":
+        rng = np.random.default_rng([seed, 0x5E1F])
+        tokens = rng.integers(0, vocab_size, size=min(48, max_seq_len))
+        return cls(tokens, rng.integers(0, vocab_size, size=(4, 8)))
+
+    @property
+    def prefix(self) -> np.ndarray:
+        return self.tokens[:len(self.tokens) // 2]
+
+
+class LiveReference:
+    """The eager fp32 forward, computed now."""
+
+    def __init__(self, reference: Reference):
+        self.reference, self.name = reference, reference.name
+
+    def probe(self, probes: Probes) -> np.ndarray:
+        return self.reference.logits(probes.tokens)
+
+    def continuations(self, probes: Probes) -> list[np.ndarray]:
+        return [self.reference.logits(np.concatenate([probes.prefix, c]))[len(probes.prefix):]
+                for c in probes.continuations]
+
+
+class RecordedReference:
+    """The eager fp32 forward's logits on the probes, recorded beside the artifact at export
+    (`reference.npz`): verify on a device without torch or the checkpoint."""
+
+    def __init__(self, path: Path):
+        with np.load(path) as data:
+            self.tokens, self.logits = data["tokens"], data["logits"]
+            self.continuation_tokens = data["continuation_tokens"]
+            self.continuation_logits = data["continuation_logits"]
+        self.name = f"the float reference's logits recorded at export ({path.name})"
+
+    def check(self, probes: Probes) -> None:
+        if not (np.array_equal(self.tokens, probes.tokens)
+                and np.array_equal(self.continuation_tokens, probes.continuations)):
+            raise ArtifactError("the recorded reference holds other probes than verify feeds "
+                                "(an artifact of an older psa-edge?); export it again")
+
+    def probe(self, probes: Probes) -> np.ndarray:
+        self.check(probes)
+        return self.logits
+
+    def continuations(self, probes: Probes) -> list[np.ndarray]:
+        self.check(probes)
+        return list(self.continuation_logits)
+
+
+def record_reference(reference: Reference, vocab_size: int, max_seq_len: int, path: Path
+                     ) -> None:
+    """The probes' reference logits, for `RecordedReference`."""
+    from psa_edge.io import atomic_output
+
+    probes = Probes.of(vocab_size, max_seq_len)
+    live = LiveReference(reference)
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, tokens=probes.tokens, logits=live.probe(probes),
+                 continuation_tokens=probes.continuations,
+                 continuation_logits=np.stack(live.continuations(probes)))
+
+
 def check_parity(session, expected, tokens, ref_tol, rng) -> Check:
     plans = [[len(tokens)], [1] * len(tokens)] + [random_chunks(rng, len(tokens))
                                                   for _ in range(3)]
@@ -55,20 +131,18 @@ def check_parity(session, expected, tokens, ref_tol, rng) -> Check:
                  "chunkings vs the full-sequence reference", error, ref_tol, error <= ref_tol)
 
 
-def check_prefix_reuse(session, reference, tokens, tol, ref_tol, rng) -> Check:
-    prefix = tokens[:len(tokens) // 2]
+def check_prefix_reuse(session, probes: Probes, reference, tol, ref_tol) -> Check:
+    prefix = probes.prefix
     feed_chunks(session, prefix, [len(prefix)])
     saved = session.snapshot()
     error = ref_error = 0.0
-    for _ in range(4):
-        continuation = rng.integers(0, session.io.vocab_size, size=8)
+    for continuation, expected in zip(probes.continuations, reference.continuations(probes)):
         session.restore(saved)
         reused = np.concatenate([session.feed(continuation[:3]), session.feed(continuation[3:])])
         whole = np.concatenate([prefix, continuation])
         fresh = feed_chunks(session, whole, [len(whole)])[len(prefix):]
         error = max(error, float(np.abs(reused - fresh).max()))
-        ref_error = max(ref_error, float(np.abs(reused - reference.logits(whole)
-                                                [len(prefix):]).max()))
+        ref_error = max(ref_error, float(np.abs(reused - expected).max()))
     return Check("2. prefix reuse", f"prefix of {len(prefix)} saved once, restored for 4 "
                  f"continuations of 8 vs recomputation (vs the reference: {ref_error:.1e}, "
                  f"tolerance {ref_tol:.1e})", error, tol, error <= tol and ref_error <= ref_tol)
@@ -145,10 +219,10 @@ def check_speculative(artifact: Path, session, tokens) -> Check:
                  "; ".join(notes))
 
 
-def twin_sizer(session, reference: Reference, twin: Path | None):
+def twin_sizer(session, reference: Reference | None, twin: Path | None):
     """A function tokens -> the twin's state bytes after them: measured on the `--twin`
-    artifact's session, on the reference's eager twin (explicit-state), or from the runner-form
-    twin's buffers."""
+    artifact's session, or on the reference's eager twin (explicit-state); else computed from
+    the twin's config (the runner form's buffers, or a device without the reference)."""
     manifest = session.manifest
     if twin is not None:
         twin_session = open_session(twin)
@@ -159,9 +233,9 @@ def twin_sizer(session, reference: Reference, twin: Path | None):
             raise ArtifactError(f"{twin} has another config than the artifact (beyond gamma)")
         if twin_session.manifest.get("form") != manifest.get("form"):
             raise ArtifactError(f"{twin} is not of the artifact's form {manifest.get('form')}")
-    elif session.io.form == "runner":
+    elif session.io.form == "runner" or reference is None:
         io = GraphIO.from_config({**manifest["config"], "gamma_q": 0.0, "gamma_k": 0.0},
-                                 session.io.max_seq_len, "runner")
+                                 session.io.max_seq_len, session.io.form)
         return lambda tokens: io.state_bytes(len(tokens))
     else:
         twin_session = reference.session(session.io.max_seq_len, twin=True)
@@ -169,21 +243,43 @@ def twin_sizer(session, reference: Reference, twin: Path | None):
                            twin_session.sizes())[1]
 
 
+def reference_for(artifact: Path, manifest: dict, checkpoint: Path | None):
+    """The eager reference when the checkpoint and torch are here, else the recorded one."""
+    recorded = artifact_folder(artifact) / REFERENCE
+    source = Path(checkpoint or (manifest.get("source_checkpoint") or {}).get("checkpoint", ""))
+    if checkpoint is not None or (source.is_file() and torch_available()):
+        eager = Reference.of_artifact(manifest, checkpoint)
+        return LiveReference(eager), eager
+    if recorded.is_file():
+        return RecordedReference(recorded), None
+    raise ArtifactError(f"no reference: the checkpoint {str(source)!r} is not here (or torch "
+                        f"is not installed) and the artifact has no {REFERENCE}")
+
+
+def torch_available() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # blocked, or a broken installation
+        return False
+
+
 def verify(artifact: str | Path, reference: str | Path | None = None,
            twin: str | Path | None = None, seed: int = 0) -> dict:
     artifact = Path(artifact)
     session = open_session(artifact)
     manifest = session.manifest
-    ref = Reference.of_artifact(manifest, reference)
-    twin_sizes = twin_sizer(session, ref, Path(twin) if twin else None)
+    ref, eager = reference_for(artifact, manifest, Path(reference) if reference else None)
+    twin_sizes = twin_sizer(session, eager, Path(twin) if twin else None)
     rng = np.random.default_rng(seed)
-    length = min(48, session.io.max_seq_len)
-    tokens = rng.integers(0, session.io.vocab_size, size=length)
-    expected = ref.logits(tokens)
+    probes = Probes.of(session.io.vocab_size, session.io.max_seq_len)
+    tokens = probes.tokens
+    expected = ref.probe(probes)
     tol = FP32_RTOL * logit_scale(expected)
     ref_tol = tolerance(expected, manifest.get("quantization") is not None)
     checks = [check_parity(session, expected, tokens, ref_tol, rng),
-              check_prefix_reuse(session, ref, tokens, tol, ref_tol, rng),
+              check_prefix_reuse(session, probes, ref, tol, ref_tol),
               check_rollback(session, tokens, tol, rng)]
     max_len = session.io.max_seq_len
     cache_check, cache_rows = check_cache_parity(session, twin_sizes,
@@ -192,6 +288,7 @@ def verify(artifact: str | Path, reference: str | Path | None = None,
     return {"artifact": str(artifact), "backend": session.backend, "form": session.io.form,
             "reference": ref.name, "quantization": (manifest.get("quantization")
                                                     or {}).get("scheme", "fp32"),
-            "twin": f"artifact {twin}" if twin else "twin of the reference",
+            "twin": (f"artifact {twin}" if twin else "twin of the reference" if eager
+                     else "the twin's config (computed)"),
             "logit_scale": logit_scale(expected), "checks": [asdict(c) for c in checks],
             "cache": cache_rows, "passed": all(c.passed for c in checks)}

@@ -2,7 +2,8 @@
 
 Contract: `inspect_artifact(path)` reads the model file (the ONNX graph, or the `.pte`
 flatbuffer's execution plan of method `forward`) as well as its manifest, and refuses an
-artifact whose manifest does not match it. ONNX: ops are node types. `.pte`: ops are the kernels
+artifact whose manifest does not match it: a hash that differs, a file the parser cannot read,
+inputs and outputs other than those the manifest's config implies. It runs nothing. ONNX: ops are node types. `.pte`: ops are the kernels
 the plan calls outside any delegate plus one `delegate:<backend>` entry per delegate call.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from psa_edge.contract import GraphIO
+from psa_edge.errors import ArtifactError
 from psa_edge.io import read_artifact
 
 
@@ -65,8 +68,21 @@ def pte_signature(data: bytes) -> tuple[list[dict], dict[str, int]]:
 def inspect_artifact(path: str | Path) -> dict:
     artifact = read_artifact(path)
     manifest = artifact.manifest
-    signature = onnx_signature if manifest["target"] == "onnx" else pte_signature
-    io, ops = signature(artifact.data)
+    onnx = manifest["target"] == "onnx"
+    try:
+        io, ops = (onnx_signature if onnx else pte_signature)(artifact.data)
+    except Exception as exc:  # noqa: BLE001 - protobuf and flatbuffer parsers raise anything
+        raise ArtifactError(f"{artifact.model_path} is not a readable "
+                            f"{'ONNX model' if onnx else 'ExecuTorch program'} "
+                            f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})")
+    graph_io = GraphIO.from_manifest(manifest)
+    names = [e["name"] for e in io]
+    if onnx and names != list(graph_io.input_names) + list(graph_io.output_names):
+        raise ArtifactError(f"{artifact.model_path}: the graph's input and output names are not "
+                            f"those its manifest's config implies")
+    graph_io.check_signature([e["shape"] for e in io if e["kind"] == "input"],
+                             [e["shape"] for e in io if e["kind"] == "output"],
+                             str(artifact.model_path))
     # .pte values are unnamed; the manifest names them in order (ONNX: the same names).
     for entry, name in zip(io, manifest["io"]["inputs"] + manifest["io"]["outputs"]):
         entry["name"] = name

@@ -44,6 +44,14 @@ class OnnxTarget:
         proto, ops = q.quantize_onnx(exported["forward"].program, spec, feeds)
         return {"forward": Traced(proto, exported["forward"].example)}, ops
 
+    def side_files(self, cfg, max_len: int) -> dict[str, dict]:
+        """What ONNX clients read beside the graph: config.json and generation_config.json
+        (optimum's ORTModelForCausalLM), genai_config.json (onnxruntime-genai)."""
+        from psa_edge.hf.convert import genai_config, generation_config, llama_config
+
+        return {"config.json": llama_config(cfg), "generation_config.json":
+                generation_config(cfg), "genai_config.json": genai_config(cfg, max_len)}
+
     def lower(self, exported, form, cfg, max_len: int) -> tuple[bytes, None]:
         import onnx
 

@@ -5,8 +5,11 @@ output) before any heavy work, then runs the stages in order. The target (`TARGE
 form (`forms.FORMS`) are objects that provide what differs between them, so no stage branches
 on their names. `quantize` is a pass-through for float exports. `save` builds the artifact
 folder under a temporary name (model file, tokenizer, manifest), opens it as a device would and
-checks parity against the eager fp32 reference (`checks.parity`), and only then renames the
-folder into place (docs/spec.md §8); a failed check leaves nothing behind.
+checks parity against the eager fp32 reference (`checks.parity`), records the artifact's own
+fingerprint for the first open elsewhere (`runtime.guard`), and only then renames the folder
+into place (docs/spec.md §8); a failed check leaves nothing behind. The folder also holds
+the reference's logits on `verify`'s probes (`reference.npz`), so `psa-edge verify` runs on a
+device without torch or the checkpoint.
 """
 
 from __future__ import annotations
@@ -18,16 +21,17 @@ from pathlib import Path
 
 from psa_edge.checks.parity import PROBE_LEN, failure_message, probe_parity
 from psa_edge.checks.reference import Reference
-from psa_edge.contract import MANIFEST, MODEL_FILES, TOKENIZER
+from psa_edge.checks.verify import REFERENCE, record_reference
+from psa_edge.contract import MANIFEST, MODEL_FILES
 from psa_edge.errors import ExportError
 from psa_edge.export import quantize as q
 from psa_edge.export.executorch_target import PORTABLE, XNNPACK
 from psa_edge.export.forms import FORMS, Traced, graph_io
 from psa_edge.export.onnx_target import ONNX
-from psa_edge.io import atomic_directory, check_writable_dir, sha256_file, versions, write_json
-from psa_edge.model.checkpoint import load_checkpoint
+from psa_edge.io import (atomic_directory, check_output, refuse_overlap, sha256_file, versions,
+                         write_json)
+from psa_edge.model.checkpoint import load_checkpoint, tokenizer_of
 from psa_edge.model.transformer import PSATransformer, twin_of
-from psa_edge.tokenizer import write_hf_tokenizer
 
 TARGETS = {target.name: target for target in (XNNPACK, PORTABLE, ONNX)}
 
@@ -75,7 +79,8 @@ def check_request(req: ExportRequest) -> ExportRequest:
     if req.quant is not None:
         q.check_spec(req.quant, target.schemes)
     output = Path(req.output) if req.output else req.default_output()
-    check_writable_dir(output)
+    check_output(output, directory=True)
+    refuse_overlap([output], [req.checkpoint])
     return dataclasses.replace(req, output=output)
 
 
@@ -112,8 +117,8 @@ def quantize(exported: Exported, model: PSATransformer, source: dict, req: Expor
         return exported, None
     target, form = req.stages
     length = max_len(model, req)
-    tokens = (q.calibration_tokens(source["task"], spec, model.cfg.vocab_size, length)
-              if spec.static else None)
+    tokens = (q.calibration_tokens(source["task"], spec, model.cfg.vocab_size, length,
+                                   model.tokenizer) if spec.static else None)
     rows = [] if tokens is None else list(tokens)
     quantized, ops = target.quantize(exported, form, model.cfg, length, spec, rows)
     record = q.calibration_record(source["task"], tokens, spec, target.tool,
@@ -141,12 +146,16 @@ def save(artifact: bytes, delegation: dict | None, quantization: dict | None,
     }
     with atomic_directory(req.output) as folder:
         (folder / MODEL_FILES[req.target]).write_bytes(artifact)
-        write_hf_tokenizer(folder / TOKENIZER, cfg.vocab_size)
+        tokenizer_of(model).write(folder, length)
+        record_reference(Reference(model), cfg.vocab_size, length, folder / REFERENCE)
+        for name, content in target.side_files(cfg, length).items():
+            write_json(folder / name, content)
         manifest["files"] = {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
         write_json(folder / MANIFEST, manifest)
         manifest["parity"] = parity = probe_parity(Reference(model), folder)
         if not parity["passed"]:
             raise ExportError(failure_message(parity))
+        manifest["self_check"] = parity.pop("self_check")
         write_json(folder / MANIFEST, manifest)
     return manifest
 

@@ -68,14 +68,15 @@ def check_spec(spec: QuantSpec, target_schemes: tuple[str, ...]) -> None:
 
 
 def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
-                       max_len: int) -> np.ndarray:
-    """`[n, T]` token ids from the train split of the checkpoint's task (deterministic)."""
+                       max_len: int, tokenizer=None) -> np.ndarray:
+    """`[n, T]` token ids from the train split of the checkpoint's task (deterministic; a text
+    task reads its recorded corpus again, with the model's tokenizer)."""
     from psa_edge.tasks import task_from_dict
 
     if task_dict is None:
         raise ExportError("static int8 calibrates on the checkpoint's own task, and this "
                           "checkpoint records none")
-    task = task_from_dict(task_dict)
+    task = task_from_dict(task_dict, tokenizer)
     if task.vocab_size != vocab_size:
         raise ExportError(f"the checkpoint's task {task.name} has vocabulary "
                           f"{task.vocab_size}, the model's is {vocab_size}")

@@ -1,51 +1,82 @@
 """The `model.pt` checkpoint format (docs/spec.md §8).
 
 A checkpoint is a dict of plain data: `format` (FORMAT_TAG), `version`, `config` (ModelConfig
-dict), `state_dict` (str -> tensor, LlamaForCausalLM names) and `metadata` (task, training
-arguments and results). It is read with `torch.load(weights_only=True)` only, so a pickle that
-carries code is refused, never run. Writing is atomic and leaves `model.pt.json` beside it.
+dict), `state_dict` (str -> tensor, LlamaForCausalLM names), `tokenizer` (the model's
+tokenizer.json as text; version 2 on) and `metadata` (task, training arguments and results). It
+is read with `torch.load(weights_only=True)` only, so a pickle that carries code is refused,
+never run. Writing is atomic and leaves `model.pt.json`, its manifest, beside it: both (and any
+sidecar files, such as the training metrics) are written under temporary names and renamed
+into place only when all are complete, the checkpoint last, so a checkpoint is never there
+without its manifest. A version-1 checkpoint (an
+induction-task model from before tokenizers travelled) gets the character tokenizer of its
+vocabulary. A loaded model carries its tokenizer as `model.tokenizer`.
+
+A training state (`save_state` / `read_state`, `<output>.state.pt`) is the same plain data plus
+the optimizer's state, the step and the metrics so far: what `psa-edge train --resume` continues
+from.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from io import BytesIO
 from pathlib import Path
 
 import torch
 
-from psa_edge.errors import CheckpointError, ConfigError
-from psa_edge.io import atomic_output, manifest_path, sha256_file, versions, write_json
+from psa_edge.errors import CheckpointError, ConfigError, PsaEdgeError
+from psa_edge.io import (atomic_output, atomic_outputs, dumps, manifest_path, not_a_file,
+                         sha256_bytes, versions)
 from psa_edge.model.config import ModelConfig
 from psa_edge.model.transformer import PSATransformer
+from psa_edge.tokenizer import Tokenizer
 
 FORMAT_TAG = "psa-edge-checkpoint"
-FORMAT_VERSION = 1
+STATE_TAG = "psa-edge-train-state"
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
-def save_checkpoint(path: str | os.PathLike, model: PSATransformer, metadata: dict) -> dict:
+def tokenizer_of(model: PSATransformer) -> Tokenizer:
+    return getattr(model, "tokenizer", None) or Tokenizer.chars(model.cfg.vocab_size)
+
+
+def serialized(payload: dict) -> bytes:
+    buffer = BytesIO()  # in memory first, so that a full disk is a Python OSError
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def save_checkpoint(path: str | os.PathLike, model: PSATransformer, metadata: dict,
+                    sidecars: dict | None = None) -> dict:
+    """Write the checkpoint, its manifest and `sidecars` ({path: bytes}) all or none."""
     payload = {
         "format": FORMAT_TAG,
         "version": FORMAT_VERSION,
         "config": model.cfg.to_dict(),
-        "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        # detach().cpu() keeps tied weights one storage, which torch.save writes once
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "tokenizer": tokenizer_of(model).json,
         "metadata": metadata,
     }
-    with atomic_output(path) as tmp:
-        torch.save(payload, tmp)
+    data = serialized(payload)
     manifest = {"kind": "checkpoint", "artifact": Path(path).name,
-                "artifact_sha256": sha256_file(path), "config": model.cfg.to_dict(),
+                "artifact_sha256": sha256_bytes(data), "config": model.cfg.to_dict(),
                 "gamma_q": model.cfg.gamma_q, "gamma_k": model.cfg.gamma_k,
                 "variant": model.cfg.variant, "versions": versions(), "metadata": metadata}
-    write_json(manifest_path(path), manifest)
+    files = {**(sidecars or {}), manifest_path(path): dumps(manifest).encode(), Path(path): data}
+    with atomic_outputs(*files) as temps:
+        for tmp, content in zip(temps, files.values()):
+            tmp.write_bytes(content)
     return manifest
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict:
-    """The validated payload dict of a checkpoint file."""
+def read_checkpoint(path: str | os.PathLike, tag: str = FORMAT_TAG) -> dict:
+    """The validated payload dict of a checkpoint file (or of a training state)."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+    if (problem := not_a_file(path)) is not None:
+        raise CheckpointError(f"checkpoint {path} {problem}")
     try:
         with warnings.catch_warnings():  # torch warns about old pickle protocols on stderr
             warnings.simplefilter("ignore")
@@ -56,12 +87,12 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         if "unsupported GLOBAL" in text:  # a pickle that names code: say which, never run it
             reason = "refused to unpickle " + text.split("unsupported GLOBAL")[1].split()[0]
         raise CheckpointError(f"{path} is not a readable psa-edge checkpoint ({reason[:160]})")
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT_TAG:
-        tag = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise CheckpointError(f"{path} has format tag {tag!r}, expected {FORMAT_TAG!r}")
-    if payload.get("version") != FORMAT_VERSION:
+    if not isinstance(payload, dict) or payload.get("format") != tag:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise CheckpointError(f"{path} has format tag {found!r}, expected {tag!r}")
+    if payload.get("version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{path} has checkpoint version {payload.get('version')!r}, "
-                              f"this psa-edge reads version {FORMAT_VERSION}")
+                              f"this psa-edge reads versions {READABLE_VERSIONS}")
     for key in ("config", "state_dict", "metadata"):
         if not isinstance(payload.get(key), dict):
             raise CheckpointError(f"{path} has no {key} dict")
@@ -69,17 +100,82 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[PSATransformer, dict]:
-    """The model (eval mode, fp32) and metadata of a checkpoint."""
+    """The model (eval mode, fp32, its tokenizer as `model.tokenizer`) and metadata of a
+    checkpoint."""
     payload = read_checkpoint(path)
+    model = model_of(payload, path)
+    return model, payload["metadata"]
+
+
+def model_of(payload: dict, path) -> PSATransformer:
+    """The model a validated payload describes: its config checked before anything is
+    allocated, every weight's name, dtype and shape against a model built on the meta device."""
     try:
         cfg = ModelConfig.from_dict(payload["config"])
     except (ConfigError, TypeError) as exc:
         raise CheckpointError(f"{path} has an invalid config: {exc}")
+    check_weights(payload["state_dict"], cfg, path)
+    check_metadata(payload["metadata"], path)
+    text = payload.get("tokenizer")
+    if text is not None and not isinstance(text, str):
+        raise CheckpointError(f"{path} has a tokenizer that is not tokenizer.json text")
     model = PSATransformer(cfg)
+    model.load_state_dict(payload["state_dict"], strict=True)
     try:
-        model.load_state_dict(payload["state_dict"], strict=True)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise CheckpointError(f"{path} weights do not match its config: {first[:160]}")
-    return model.eval(), payload["metadata"]
+        model.tokenizer = Tokenizer(text) if text else Tokenizer.chars(cfg.vocab_size)
+    except PsaEdgeError as exc:
+        raise CheckpointError(f"{path}: {exc}")
+    if model.tokenizer.vocab_size > cfg.vocab_size:
+        raise CheckpointError(f"{path} has a tokenizer of {model.tokenizer.vocab_size} tokens "
+                              f"for a vocabulary of {cfg.vocab_size}")
+    return model.eval()
+
+
+def check_weights(state: dict, cfg: ModelConfig, path) -> None:
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in PSATransformer(cfg).state_dict().items()}
+    names = set(state)
+    if not all(isinstance(k, str) for k in names) or names != set(expected):
+        missing = sorted(set(expected) - {k for k in names if isinstance(k, str)})
+        extra = sorted(map(str, names - set(expected)))
+        what = f"no {missing[0]}" if missing else f"an unexpected {extra[0]}"
+        raise CheckpointError(f"{path} weights do not match its config: {what}")
+    for name, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise CheckpointError(f"{path}: weight {name} is {kind}, not a floating-point "
+                                  f"tensor")
+        if tensor.shape != expected[name]:
+            raise CheckpointError(f"{path} weights do not match its config: {name} has shape "
+                                  f"{tuple(tensor.shape)}, the config needs "
+                                  f"{tuple(expected[name])}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{path}: weight {name} holds NaN or infinite values")
+
+
+def check_metadata(metadata: dict, path) -> None:
+    task = metadata.get("task")
+    if task is not None and not (isinstance(task, dict) and isinstance(task.get("name"), str)
+                                 and isinstance(task.get("params", {}), dict)):
+        raise CheckpointError(f"{path} records a task that is not {{name, params}}")
+
+
+def save_state(path: str | os.PathLike, model: PSATransformer, state: dict, spec: dict,
+               task: dict) -> None:
+    """A resumable training state: the weights and optimizer after `state["step"]`."""
+    payload = {"format": STATE_TAG, "version": FORMAT_VERSION, "config": model.cfg.to_dict(),
+               "tokenizer": tokenizer_of(model).json, "metadata": {"spec": spec, "task": task},
+               **state}
+    data = serialized(payload)
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def read_state(path: str | os.PathLike) -> tuple[PSATransformer, dict]:
+    """The model (its weights at the state's step) and the state of a training-state file."""
+    payload = read_checkpoint(path, STATE_TAG)
+    for key, kind in (("optimizer", dict), ("step", int), ("history", list)):
+        if not isinstance(payload.get(key), kind):
+            raise CheckpointError(f"{path} has no {key} of a training state")
+    return model_of(payload, path).train(), payload
 

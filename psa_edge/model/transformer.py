@@ -179,6 +179,7 @@ class PSATransformer(nn.Module):
         self.apply(self._init_weights)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.tokenizer = None  # the model's tokenizer.Tokenizer, set by a checkpoint's loader
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -229,6 +230,7 @@ def twin_of(model: PSATransformer) -> PSATransformer:
     """The gamma = 0 twin (docs/spec.md §1): the same config and weights with plain attention."""
     twin = PSATransformer(model.cfg.twin())
     twin.load_state_dict(model.state_dict())
+    twin.tokenizer = getattr(model, "tokenizer", None)
     return twin.eval()
 
 

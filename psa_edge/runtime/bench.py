@@ -335,9 +335,12 @@ def executorch_runner_stats(artifacts: list[Path], manifests: list[dict], spec: 
     with native_output_captured():  # its tokenizer library logs natively on import
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
-    from psa_edge.tokenizer import decode
+    from psa_edge.tokenizer import Tokenizer
 
-    prompt = decode(np.random.default_rng(1).integers(
+    # Random ids read as text by the model's tokenizer (a byte-level BPE may encode that text
+    # back into another count of tokens: the runner's Stats report what it fed).
+    tokenizer = Tokenizer.from_file(artifact_folder(artifacts[0]) / TOKENIZER)
+    prompt = tokenizer.decode(np.random.default_rng(1).integers(
         0, manifests[0]["config"]["vocab_size"], size=spec.prompt))
     collected = [[] for _ in artifacts]
     timed, warm_up = (GenerationConfig(echo=False, max_new_tokens=n, temperature=0.0,

@@ -5,7 +5,8 @@ writes into a temporary folder beside `out` and renames it into place (an existi
 `out` is refused, a failure leaves nothing):
 - `models/`: the artifact folders (model file, manifest, tokenizer);
 - `psa_edge/`: the device runtime only (the CLI, `runtime/`, errors, io, tokenizer, display):
-  numpy + onnxruntime (+ typer, rich for the CLI), ExecuTorch's runtime for a .pte; commands
+  numpy + onnxruntime + tokenizers (+ typer, rich for the CLI), ExecuTorch's runtime for a
+  .pte; commands
   that need torch (train, export, ...) are not in it;
 - `psa-edge`: a launcher (`python3 -m psa_edge.cli`);
 - `requirements-onnx.txt` (aarch64 Linux: numpy, onnxruntime, typer, rich, pinned to the
@@ -19,14 +20,12 @@ writes into a temporary folder beside `out` and renames it into place (an existi
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from psa_edge.errors import OutputError
-from psa_edge.io import UMASK, artifact_folder, read_artifact, sha256_file
+from psa_edge.io import artifact_folder, atomic_directory, read_artifact, sha256_file
 
 PACKAGE = Path(__file__).resolve().parent.parent
 RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "contract.py", "tokenizer.py",
@@ -34,8 +33,10 @@ RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "contract.py", "tokenizer.
                  "backends/onnxruntime.py", "backends/executorch.py",
                  "runtime/__init__.py", "runtime/session.py", "runtime/generate.py",
                  "runtime/speculative.py", "runtime/run.py", "runtime/bench.py",
-                 "runtime/bundle.py"]
-ONNX_REQUIREMENTS = ("numpy", "onnxruntime", "typer", "rich")
+                 "runtime/bundle.py", "runtime/guard.py",
+                 # verify against the reference logits recorded at export (reference.npz)
+                 "checks/__init__.py", "checks/reference.py", "checks/verify.py"]
+ONNX_REQUIREMENTS = ("numpy", "onnxruntime", "tokenizers", "typer", "rich")
 EXECUTORCH_REQUIREMENTS = ("executorch", "torch")
 
 
@@ -56,24 +57,18 @@ def write_bundle(artifacts: list[Path], out: Path) -> dict:
         raise OutputError("give at least one artifact to bundle")
     artifacts = [artifact_folder(a) for a in artifacts]
     manifests = [read_artifact(a).manifest for a in artifacts]  # refuses a mismatched manifest
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not empty_folder(out):
         raise OutputError(f"{out} exists and is not an empty folder")
-    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-        raise OutputError(f"output directory {out.parent} does not exist or is not writable")
     names = [a.name for a in artifacts]
     if len(set(names)) != len(names):
         raise OutputError("two artifacts have the same file name")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out, replaceable=empty_folder) as tmp:
         build(tmp, artifacts, manifests)
-        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp made it private
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return json.loads((out / "bundle.json").read_text())
+
+
+def empty_folder(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
 
 
 def build(root: Path, artifacts: list[Path], manifests: list[dict]) -> None:
@@ -122,27 +117,29 @@ def readme(artifacts: list[Path], manifests: list[dict], has_pte: bool) -> str:
 {listing}
 
 Everything here runs without PyTorch on the ONNX path: `psa_edge/` is the device runtime of
-psa-edge (numpy + onnxruntime; typer and rich for the command line). Check the copy with
+psa-edge (numpy, onnxruntime and tokenizers; typer and rich for the command line). Check the
+copy with
 `sha256sum` against `bundle.json`.
 
 ## Raspberry Pi (Raspberry Pi OS 64-bit, Python 3.11)
 
 ```sh
 python3 -m venv ~/psa && . ~/psa/bin/activate
-pip install -r requirements-onnx.txt          # aarch64 wheels of numpy and onnxruntime
+pip install -r requirements-onnx.txt          # aarch64 wheels from PyPI, nothing to compile
 ./psa-edge bench models/{example} -p 128 -n 128 -r 5
 ./psa-edge generate models/{example} --prompt "ABCDEFGHABCD" -n 16 --prompt-lookup
+./psa-edge verify models/{example}            # against the logits recorded at export
 ```
+
+Installed size on aarch64 and the same commands run under emulation in psa-edge's CI:
+docs/device.md of psa-edge.
 """
     if has_pte:
         text += f"""
-For a .pte (`models/{pte or (runner.name if runner else '')}`), ExecuTorch's Python runtime is needed
-as well; its wheel depends on torch (aarch64 CPU wheels exist for both):
-
-```sh
-pip install -r requirements-executorch.txt
-./psa-edge bench models/{pte or (runner.name if runner else '')} -p 128 -n 128 -r 5 --threads 4
-```
+A .pte (`models/{pte or (runner.name if runner else '')}`) needs ExecuTorch's Python runtime,
+whose wheel needs torch: `requirements-executorch.txt` installs both on x86-64 Linux or macOS.
+Not on a Pi: PyPI's aarch64 torch wheel is a CUDA build that does not import without CUDA's
+libraries. On a Pi or a phone a runner-form .pte runs in ExecuTorch's C++ LLM runner (below).
 """
     text += f"""
 With `--vs models/<twin>` the gamma = 0 twin runs interleaved and the PSA/twin time ratio is
@@ -150,11 +147,14 @@ reported; `--json` for machines, `--plot bench.png` for a picture.
 
 ## Android phone
 
-ONNX path, in Termux (F-Droid build) with its own Python packages (onnxruntime and numpy come
-from Termux's repository, not from PyPI, which has no Android wheels):
+ONNX path, in Termux (F-Droid build; its Python is 3.13): numpy and onnxruntime come from
+Termux's own packages (PyPI has no Android wheels). Its `python-onnxruntime` broke at import
+after the move to Python 3.13 and was fixed the next day (termux-packages#28769, #28775): run
+`pkg upgrade` first. Not tested by psa-edge (no Android device in its CI).
 
 ```sh
-pkg install python python-numpy python-onnxruntime
+pkg upgrade && pkg install python python-numpy python-onnxruntime tur-repo
+pkg install python-tokenizers                 # from the Termux User Repository
 pip install typer rich
 cp -r /sdcard/Download/<this folder> ~/bundle && cd ~/bundle
 ./psa-edge bench models/{example} -p 128 -n 128 -r 5
@@ -174,6 +174,7 @@ adb shell "cd /data/local/tmp/psa/{runner.name} && ./llama_main --model_path mod
 ```
 
 Or load it in ExecuTorch's Android benchmark app (`extension/benchmark/android`), which reports
-the same figures.
+the same figures. The same runner builds for aarch64 Linux (a Pi) with cmake. Not tested by
+psa-edge on a device: its CI runs this program through ExecuTorch's `TextLLMRunner` on x86.
 """
     return text

@@ -5,12 +5,13 @@ Contract:
   sampling)` is the distribution a token is drawn from after temperature, top-k and top-p
   (greedy: one-hot on the argmax); speculative decoding uses the same function for the target
   and the draft, so its output distribution is the one `generate` samples from.
-- `generate(session, prompt, max_new_tokens, sampling, stop_tokens, on_token)` resets the
-  session, feeds the prompt in one call, then one token per call. It stops after a stop token
-  (which is returned) or `max_new_tokens`. Prompt plus new tokens must fit the artifact's max
-  length, checked before anything runs (`SequenceError`). `on_token(id)` is called as each
-  token is chosen (streaming). Returns the tokens, why it stopped and the timings (prefill,
-  decode, time to first token); choosing tokens is not timed as graph time.
+- `generate(session, prompt, max_new_tokens, sampling, stop, on_token)` resets the session,
+  feeds the prompt in one call, then one token per call. It stops (`Stop`) after a stop token
+  such as the end of text (which is returned), once the decoded text holds a stop string, or
+  after `max_new_tokens`. Prompt plus new tokens must fit the artifact's max length, checked
+  before anything runs (`SequenceError`). `on_token(id)` is called as each token is chosen
+  (streaming). Returns the tokens, why it stopped and the timings (prefill, decode, time to
+  first token); choosing tokens is not timed as graph time.
 """
 
 from __future__ import annotations
@@ -79,24 +80,41 @@ def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> 
     return draw(distribution(logits, sampling), rng)
 
 
+@dataclass(frozen=True)
+class Stop:
+    """When generation ends before its budget: at a token of `tokens` (kept in the output), or
+    once `decode(tokens so far)` holds one of `strings`."""
+    tokens: frozenset = frozenset()
+    strings: tuple[str, ...] = ()
+    decode: Callable | None = None
+
+    def reached(self, generated: list[int]) -> str | None:
+        if generated and generated[-1] in self.tokens:
+            return "stop_token"
+        if self.strings and any(s in self.decode(generated) for s in self.strings):
+            return "stop_string"
+        return None
+
+
 @dataclass
 class Generation:
     tokens: list[int]
-    stop_reason: str                      # "stop_token" or "max_tokens"
+    stop_reason: str                      # "stop_token", "stop_string" or "max_tokens"
     prompt_tokens: int
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     graph_calls: int = 0
     stats: dict = field(default_factory=dict)
 
-    def emit(self, token: int, on_token: Callable[[int], None] | None, stops: set,
+    def emit(self, token: int, on_token: Callable[[int], None] | None, stop: Stop,
              max_new_tokens: int) -> bool:
         """Record a chosen token (and stream it); True when generation stops after it."""
         self.tokens.append(token)
         if on_token is not None:
             on_token(token)
-        if token in stops:
-            self.stop_reason = "stop_token"
+        reason = stop.reached(self.tokens)
+        if reason:
+            self.stop_reason = reason
             return True
         return len(self.tokens) == max_new_tokens
 
@@ -122,7 +140,7 @@ def check_request(session: Session, prompt, max_new_tokens: int) -> np.ndarray:
 
 
 def generate(session: Session, prompt, max_new_tokens: int, sampling: Sampling = Sampling(),
-             stop_tokens=(), on_token: Callable[[int], None] | None = None) -> Generation:
+             stop: Stop = Stop(), on_token: Callable[[int], None] | None = None) -> Generation:
     prompt = check_request(session, prompt, max_new_tokens)
     rng = np.random.default_rng(sampling.seed)
     session.reset()
@@ -130,10 +148,9 @@ def generate(session: Session, prompt, max_new_tokens: int, sampling: Sampling =
     session.feed(prompt)
     result = Generation([], "max_tokens", int(prompt.size), graph_calls=1)
     result.prefill_seconds = time.perf_counter() - started
-    stops = set(stop_tokens)
     while True:
         token = choose(session.last_logits, sampling, rng)
-        if result.emit(token, on_token, stops, max_new_tokens):
+        if result.emit(token, on_token, stop, max_new_tokens):
             break
         started = time.perf_counter()
         session.feed([token])

@@ -1,42 +1,88 @@
 """The generate command's work (numpy + onnxruntime; ExecuTorch only for a .pte).
 
-Contract: `run_generate(session, ...)` parses the prompt (text through the character tokenizer,
-or comma-separated ids) and the stop characters, opens the draft session, checks everything
-before generating (bad ids, lengths, a draft of another vocabulary: `PsaEdgeError`), then
-generates plainly or speculatively, streaming tokens to stdout when asked, and prints the text
-with timings and speculative statistics (or JSON). The target session is opened by the caller
-(an artifact of either form, or the eager reference of a checkpoint).
+Contract: `run_generate(session, ...)` reads the prompt (text or a file, encoded with the
+model's own tokenizer; or comma-separated ids), checks everything before generating (bad ids,
+lengths, a draft of another vocabulary: `PsaEdgeError`), then generates plainly or
+speculatively until the end-of-text token, a stop string or the token budget. With `stream` it
+prints the text as it grows (a character split over several byte-level tokens is printed once
+it is whole); otherwise the text once, cut before a stop string. Timings and speculative
+statistics go to stderr (or everything, as JSON, to stdout). The target session is opened by the
+caller (an artifact of either form, or the eager reference of a checkpoint).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
 from psa_edge.errors import SequenceError
-from psa_edge.runtime.generate import Sampling, generate
+from psa_edge.runtime.generate import Sampling, Stop, generate
 from psa_edge.runtime.session import open_session
 from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter,
                                           speculative_generate)
-from psa_edge.tokenizer import decode, encode
 
 
-def parse_prompt(prompt: str | None, prompt_ids: str | None, vocab_size: int) -> list[int]:
-    if (prompt is None) == (prompt_ids is None):
-        raise SequenceError("give exactly one of --prompt and --prompt-ids")
-    if prompt is not None:
-        return encode(prompt, vocab_size)
-    try:
-        return [int(x) for x in prompt_ids.split(",") if x.strip()]
-    except ValueError:
-        raise SequenceError(f"--prompt-ids {prompt_ids!r} is not a comma-separated list of "
-                            f"integers")
+def read_prompt(tokenizer, prompt: str | None, prompt_file: Path | None,
+                prompt_ids: str | None) -> list[int]:
+    if sum(x is not None for x in (prompt, prompt_file, prompt_ids)) != 1:
+        raise SequenceError("give exactly one of --prompt, --prompt-file and --prompt-ids")
+    if prompt_ids is not None:
+        try:
+            return [int(x) for x in prompt_ids.split(",")]
+        except ValueError:
+            raise SequenceError(f"--prompt-ids {prompt_ids!r} is not a comma-separated list "
+                                f"of integers")
+    if prompt_file is not None:
+        try:
+            prompt = Path(prompt_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SequenceError(f"cannot read --prompt-file {prompt_file}: {exc}")
+    return tokenizer.encode(prompt)
 
 
-def run_generate(session, label: str, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p,
-                 seed, stop, stream, draft, draft_len, prompt_lookup, threads, as_json) -> dict:
+def cut(text: str, strings) -> str:
+    """The text before the first stop string in it."""
+    ends = [text.index(s) for s in strings if s in text]
+    return text[:min(ends)] if ends else text
+
+
+class Printer:
+    """Streams the generated text: the whole decoded text is re-read at every token, and what
+    is new is printed once it ends in a whole character; the last characters, which could begin
+    a stop string, wait until they cannot."""
+
+    def __init__(self, tokenizer, strings):
+        self.tokenizer, self.strings, self.tokens, self.shown = tokenizer, strings, [], 0
+        self.hold = max((len(s) for s in strings), default=1) - 1
+
+    def __call__(self, token: int) -> None:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        if not text.endswith("\ufffd"):
+            kept = cut(text, self.strings)
+            self.write(kept if len(kept) < len(text) else kept[:len(kept) - self.hold])
+
+    def write(self, text: str) -> None:
+        if len(text) > self.shown:
+            sys.stdout.write(text[self.shown:])
+            sys.stdout.flush()
+            self.shown = len(text)
+
+    def finish(self, text: str) -> None:
+        self.write(text)
+        print()
+
+
+def run_generate(session, label: str, prompt, prompt_file, prompt_ids, max_new_tokens,
+                 temperature, top_k, top_p, seed, stop, stream, draft, draft_len,
+                 prompt_lookup, threads, as_json) -> dict:
+    tokenizer = session.tokenizer
     vocab = session.io.vocab_size
-    ids = parse_prompt(prompt, prompt_ids, vocab)
-    stops = encode(stop, vocab) if stop else []
+    ids = read_prompt(tokenizer, prompt, prompt_file, prompt_ids)
+    eos = session.manifest["config"].get("eos_token_id")
+    stops = Stop(frozenset({eos} if isinstance(eos, int) else set(eos or ())), tuple(stop or ()),
+                 tokenizer.decode)
     sampling = Sampling(temperature, top_k, top_p, seed)
     if draft is not None and prompt_lookup:
         raise SequenceError("give --draft or --prompt-lookup, not both")
@@ -44,27 +90,21 @@ def run_generate(session, label: str, prompt, prompt_ids, max_new_tokens, temper
         raise SequenceError(f"--draft-len must be >= 1, got {draft_len}")
     drafter = (SessionDrafter(open_session(draft, threads), vocab) if draft is not None
                else PromptLookupDrafter() if prompt_lookup else None)
-    on_token = None
-    if stream and not as_json:
-        def on_token(token: int) -> None:
-            sys.stdout.write(decode([token]))
-            sys.stdout.flush()
+    on_token = Printer(tokenizer, stops.strings) if stream and not as_json else None
     if drafter is None:
         result = generate(session, ids, max_new_tokens, sampling, stops, on_token)
     else:
         result = speculative_generate(session, drafter, ids, max_new_tokens, draft_len,
                                       sampling, stops, on_token)
-    report = {"artifact": label, "backend": session.backend,
-              "prompt_ids": ids, "tokens": result.tokens, "text": decode(result.tokens),
+    text = cut(tokenizer.decode(result.tokens), stops.strings)
+    report = {"artifact": label, "backend": session.backend, "prompt_ids": ids,
+              "tokens": result.tokens, "text": text,
               "speculative": None if drafter is None else
               ("prompt-lookup" if prompt_lookup else str(draft)), **result.summary()}
     if as_json:
         print(json.dumps(report, indent=2))
     else:
-        if stream:
-            print()
-        else:
-            print(report["text"])
+        on_token.finish(text) if on_token else print(text)
         print_summary(report)
     return report
 

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from psa_edge.contract import GraphIO, State, slots_from
+from psa_edge.contract import TOKENIZER, GraphIO, State, check_threads, slots_from
 from psa_edge.errors import ArtifactError, SequenceError
 from psa_edge.io import read_artifact
+from psa_edge.tokenizer import Tokenizer
 
 # Positions of raw keys kept for rollback: more than any draft length; about one cache row each.
 ROLLBACK_WINDOW = 64
@@ -238,20 +239,32 @@ class RunnerSession(BaseSession):
                 ["kv_cache_bytes"]}
 
 
-def open_session(artifact: str | Path, threads: int | None = None):
-    """A session on an artifact folder, its backend and kind chosen from its manifest."""
+def open_session(artifact: str | Path, threads: int | None = None, checked: bool = True):
+    """A session on an artifact folder, its backend and kind chosen from its manifest, with the
+    artifact's tokenizer as `session.tokenizer`. Bytes this machine has not opened before are
+    first opened and self-checked in a child process (`guard.ensure_checked`)."""
+    from psa_edge.runtime.guard import ensure_checked
+
+    check_threads(threads)
     opened = read_artifact(artifact)
+    if checked:
+        ensure_checked(opened)
     backend = opened.manifest.get("backend")
     if backend == "onnxruntime":
         from psa_edge.backends.onnxruntime import OnnxGraph
 
-        return Session(OnnxGraph(opened, threads))
-    if backend == "executorch":
+        session = Session(OnnxGraph(opened, threads))
+    elif backend == "executorch":
         from psa_edge.backends.executorch import PteGraph, RunnerProgram, set_threads
 
         if threads:  # ExecuTorch's threadpool is process-wide
             set_threads(threads)
-        if opened.manifest.get("form") == "runner":
-            return RunnerSession(RunnerProgram(opened))
-        return Session(PteGraph(opened))
-    raise ArtifactError(f"{opened.folder}: unknown backend {backend!r}")
+        session = (RunnerSession(RunnerProgram(opened)) if opened.manifest.get("form")
+                   == "runner" else Session(PteGraph(opened)))
+    else:
+        raise ArtifactError(f"{opened.folder}: unknown backend {backend!r}")
+    try:
+        session.tokenizer = Tokenizer(opened.read(TOKENIZER).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ArtifactError(f"{opened.path(TOKENIZER)} is not text")
+    return session

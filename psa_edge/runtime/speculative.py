@@ -26,7 +26,8 @@ from typing import Callable
 import numpy as np
 
 from psa_edge.errors import ArtifactError
-from psa_edge.runtime.generate import (Generation, Sampling, check_request, distribution, draw)
+from psa_edge.runtime.generate import (Generation, Sampling, Stop, check_request, distribution,
+                                       draw)
 from psa_edge.runtime.session import Session
 
 
@@ -125,7 +126,7 @@ def accept(logits: np.ndarray, drafts: list[int], dists, sampling: Sampling, rng
 
 
 def speculative_generate(target: Session, drafter, prompt, max_new_tokens: int,
-                         draft_len: int = 4, sampling: Sampling = Sampling(), stop_tokens=(),
+                         draft_len: int = 4, sampling: Sampling = Sampling(), stop: Stop = Stop(),
                          on_token: Callable[[int], None] | None = None) -> Generation:
     prompt = check_request(target, prompt, max_new_tokens)
     rng = np.random.default_rng(sampling.seed)
@@ -137,7 +138,6 @@ def speculative_generate(target: Session, drafter, prompt, max_new_tokens: int,
     result = Generation([], "max_tokens", int(prompt.size), graph_calls=int(prompt.size > 1))
     result.prefill_seconds = time.perf_counter() - started
     drafted = accepted = 0
-    stops = set(stop_tokens)
     while True:
         room = max_new_tokens - len(result.tokens) - 1  # the target adds one token itself
         k = max(0, min(draft_len, room, target.io.max_seq_len - len(context)))
@@ -153,7 +153,7 @@ def speculative_generate(target: Session, drafter, prompt, max_new_tokens: int,
         done = False
         for token in [*drafts[:n_accepted], own]:
             context.append(token)
-            done = result.emit(token, on_token, stops, max_new_tokens)
+            done = result.emit(token, on_token, stop, max_new_tokens)
             if done:
                 break
         if done:

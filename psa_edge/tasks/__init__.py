@@ -2,10 +2,13 @@
 
 Contract:
 - `get_task(name, **params)` returns a `Task`; unknown names or parameters raise `TaskError`.
+  Text corpora are the other kind of task (`text.TextTask`, the same interface);
+  `task_from_dict` rebuilds either from what a checkpoint recorded.
 - `Task.sample(split, n, seed)` is deterministic in `(split, n, seed)`. The split of an example is
   a fixed function of its tokens (a hash), so the train and test splits can never share an example
   whatever seeds are used.
-- `Task.score(predictions, targets)` returns the task's metrics from argmax predictions `[n, T]`;
+- `Task.score(predictions, targets, inputs)` returns the task's metrics from argmax predictions
+  `[n, T]`;
   "accuracy" is the headline number (ih-safari and ih-offset: last position; ih-sht: all scored
   positions; mqar: per-example mean).
 """
@@ -94,7 +97,7 @@ class Task:
         return (np.concatenate(kept_inputs)[:n].astype(np.int64),
                 np.concatenate(kept_targets)[:n].astype(np.int64))
 
-    def score(self, predictions: np.ndarray, targets: np.ndarray) -> dict:
+    def score(self, predictions: np.ndarray, targets: np.ndarray, inputs=None) -> dict:
         scored = targets != IGNORE
         correct = (predictions == targets) & scored
         last = correct[:, -1].sum() / max(1, scored[:, -1].sum())
@@ -136,5 +139,15 @@ def get_task(name: str, **params) -> Task:
     return Task(name, merged)
 
 
-def task_from_dict(d: dict) -> Task:
+def task_from_dict(d: dict, tokenizer=None):
+    """The task a model recorded: an induction benchmark, or its text corpus (read again and
+    checked against its recorded hash), tokenized with the model's own tokenizer."""
+    if d.get("name") == "text":
+        from psa_edge.tasks.text import TextTask, corpus_from_record
+
+        if tokenizer is None:
+            raise TaskError("a text task needs the model's tokenizer")
+        params = d["params"]
+        return TextTask(corpus_from_record(params["corpus"]), tokenizer, params["seq_len"],
+                        params["val_percent"])
     return get_task(d["name"], **d.get("params", {}))

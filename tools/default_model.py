@@ -1,15 +1,21 @@
-"""The README's export block: the shipped default model exported to every target and form.
+"""The README's export and verify blocks, from the shipped default model.
 
-Runs the commands a user runs (`psa-edge export ... --json`) into out/ (ignored by git) and
-writes the artifacts with their sizes and parity, and the XNNPACK delegation summary with every
-op left outside the delegate and why.
+`export`: the commands a user runs (`psa-edge export ... --json`) into out/ (ignored by git),
+every target and form: the artifacts with their sizes and parity, and the XNNPACK delegation
+summary with every op left outside the delegate and why. `verify`: `psa-edge verify` on the
+float artifacts of every target and form, each with its twin for the cache table: the full
+output for ONNX and a PASS/FAIL summary of every check on every target.
 
-    .venv/bin/python tools/export_default.py
+    .venv/bin/python tools/default_model.py export
+    .venv/bin/python tools/default_model.py verify
 """
 
 from __future__ import annotations
 
-from common import DEFAULT_MODEL, OUT, REPO, psa_edge_json, write_block
+import json
+import sys
+
+from common import DEFAULT_MODEL, OUT, REPO, psa_edge, psa_edge_json, write_block
 
 EXPORTS = [  # (label, artifact folder under out/, extra arguments)
     ("onnx", "psa-default-onnx", ["--target", "onnx"]),
@@ -21,10 +27,10 @@ EXPORTS = [  # (label, artifact folder under out/, extra arguments)
     ("xnnpack int8", "psa-default-xnnpack-int8", ["--target", "xnnpack", "--quantize", "int8"]),
     ("onnx int8", "psa-default-onnx-int8", ["--target", "onnx", "--quantize", "int8"]),
 ]
+VERIFIED = ["onnx", "xnnpack", "portable", "xnnpack runner form"]
 
 
-def main() -> None:
-    OUT.mkdir(exist_ok=True)
+def export() -> str:
     model = DEFAULT_MODEL.relative_to(REPO)
     lines = ["```sh"] + [f".venv/bin/psa-edge export {model} {' '.join(extra)} -o out/{name}"
                          for _, name, extra in EXPORTS]
@@ -60,8 +66,42 @@ def main() -> None:
               f"subgraphs, {decode['delegated_nodes']} of "
               f"{decode['delegated_nodes'] + decode['non_delegated_nodes']} nodes, "
               f"{slices} slices outside XNNPACK."]
-    block = "\n".join(lines) + "\n"
-    write_block("export", block)
+    return "\n".join(lines) + "\n"
+
+
+def ensure(name: str, extra: list[str]) -> str:
+    if not (OUT / name / "manifest.json").exists():
+        psa_edge("export", DEFAULT_MODEL, *extra, "-o", OUT / name)
+    return str((OUT / name).relative_to(REPO))
+
+
+def verify() -> str:
+    summary = ["| target | " + " | ".join(["1. parity", "2. prefix reuse", "3. rollback",
+                                           "4. cache parity", "5. speculative"]) + " | exit |",
+               "|---|---|---|---|---|---|---|"]
+    shown = ""
+    for label, name, extra in (e for e in EXPORTS if e[0] in VERIFIED):
+        args = ["verify", ensure(name, extra), "--twin", ensure(f"{name}-twin",
+                                                                 extra + ["--twin"])]
+        report = json.loads(psa_edge(*args, "--json", check=False).stdout)
+        cells = [f"{'PASS' if c['passed'] else 'FAIL'} ({c['error']:.1e})"
+                 for c in report["checks"]]
+        summary.append(f"| {label} | " + " | ".join(cells) +
+                       f" | {0 if report['passed'] else 1} |")
+        if label == "onnx":
+            shown = (f"```\n$ psa-edge {' '.join(args)}\n"
+                     + psa_edge(*args, check=False).stdout.rstrip() + "\n```")
+    return (f"{shown}\n\nEvery target (measured error of each check in brackets; tolerance "
+            f"1e-4 x the logit scale, cache parity exact):\n\n" + "\n".join(summary) + "\n")
+
+
+def main() -> None:
+    part = sys.argv[1] if len(sys.argv) == 2 else ""
+    if part not in ("export", "verify"):
+        raise SystemExit(__doc__)
+    OUT.mkdir(exist_ok=True)
+    block = export() if part == "export" else verify()
+    write_block(part, block)
     print(block)
 
 

@@ -1,0 +1,215 @@
+"""Hugging Face layouts in and out: `import-hf`, `export-hf`, and the config files ONNX clients
+read (docs/spec.md §8).
+
+Contract:
+- `import_hf(folder, output, variant, gamma)`: a transformers `LlamaForCausalLM` folder
+  (config.json, model.safetensors or its shards with model.safetensors.index.json,
+  tokenizer.json) becomes a psa-edge checkpoint with the chosen shear (by default the folder's
+  own: none for a Llama model, its gammas for a psa-edge export). The weights are read with
+  safetensors (never unpickled); what the PSA model does not implement is refused with one line
+  (another architecture, attention or MLP biases, RoPE scaling, an activation other than SiLU,
+  a head size other than hidden / heads), as are a missing, corrupt or truncated file and a
+  tokenizer that does not parse. Nothing is written then.
+- `export_hf(checkpoint, folder)`: the `save_pretrained` layout: config.json, model.safetensors,
+  generation_config.json, tokenizer.json and tokenizer_config.json. A gamma = 0 model is a plain
+  `LlamaForCausalLM` (no remote code); a sheared one carries `modeling_psa.py`, registered
+  through `auto_map`, which transformers loads with `trust_remote_code=True`.
+- `llama_config`, `generation_config`, `genai_config`: the JSON files both of these and the ONNX
+  export folder write, for transformers / optimum and for onnxruntime-genai.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+from psa_edge.contract import MODEL_FILES
+from psa_edge.errors import CheckpointError, ConfigError, PsaEdgeError
+from psa_edge.io import (atomic_directory, check_output, manifest_path, refuse_overlap,
+                         sha256_file, write_json)
+
+REMOTE_CODE = Path(__file__).with_name("modeling_psa.py")
+LLAMA_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+                "rms_norm_eps", "rope_theta", "tie_word_embeddings", "bos_token_id",
+                "eos_token_id")
+
+
+def transformers_version() -> str | None:
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def llama_config(cfg) -> dict:
+    """config.json of a model config (`ModelConfig`): a Llama config, plus the shear and the
+    remote code that implements it when there is one."""
+    config = {**cfg.to_llama_dict(), "architectures": ["LlamaForCausalLM"],
+              "model_type": "llama", "torch_dtype": "float32", "use_cache": True,
+              "rope_scaling": None, "attention_dropout": 0.0, "initializer_range": 0.02,
+              "pretraining_tp": 1, "transformers_version": transformers_version()}
+    if cfg.gamma_q or cfg.gamma_k:
+        config.update(architectures=["PSAForCausalLM"], model_type="psa_llama",
+                      gamma_q=cfg.gamma_q, gamma_k=cfg.gamma_k, psa_variant=cfg.variant,
+                      auto_map={"AutoConfig": "modeling_psa.PSAConfig",
+                                "AutoModelForCausalLM": "modeling_psa.PSAForCausalLM"},
+                      use_cache=not cfg.gamma_q)  # queries are not cached
+    return config
+
+
+def generation_config(cfg) -> dict:
+    return {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+            "do_sample": False, "max_length": cfg.max_position_embeddings,
+            "transformers_version": transformers_version()}
+
+
+def genai_config(cfg, max_len: int, filename: str = MODEL_FILES["onnx"]) -> dict:
+    """onnxruntime-genai's genai_config.json for an explicit-state ONNX graph."""
+    eos = cfg.eos_token_id if cfg.eos_token_id is not None else cfg.vocab_size
+    return {"model": {
+        "type": "llama", "bos_token_id": cfg.bos_token_id or 0, "eos_token_id": eos,
+        "pad_token_id": eos, "vocab_size": cfg.vocab_size, "context_length": max_len,
+        "decoder": {"filename": filename, "session_options": {"log_id": "psa-edge",
+                                                              "provider_options": []},
+                    "head_size": cfg.head_dim, "hidden_size": cfg.hidden_size,
+                    "num_attention_heads": cfg.num_attention_heads,
+                    "num_key_value_heads": cfg.num_key_value_heads,
+                    "num_hidden_layers": cfg.num_hidden_layers,
+                    "inputs": {"input_ids": "input_ids",
+                               "past_key_names": "past_key_values.%d.key",
+                               "past_value_names": "past_key_values.%d.value"},
+                    "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                                "present_value_names": "present.%d.value"}}},
+        "search": {"do_sample": False, "max_length": max_len, "min_length": 0, "num_beams": 1,
+                   "num_return_sequences": 1, "past_present_share_buffer": False,
+                   "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 1, "top_p": 1.0,
+                   "early_stopping": True, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
+                   "diversity_penalty": 0.0}}
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.parent} has no {path.name} ({what})")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({str(exc)[:100]})")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return data
+
+
+def check_llama(config: dict, path: Path) -> None:
+    """Refuse what the PSA model does not implement."""
+    archs = config.get("architectures") or []
+    known = {"llama": ["LlamaForCausalLM"], "psa_llama": ["PSAForCausalLM"]}
+    if archs not in (known.get(config.get("model_type")), []):
+        raise ConfigError(f"{path}: {archs or config.get('model_type')} is not a "
+                          f"LlamaForCausalLM; psa-edge imports Llama models only")
+    unsupported = [(k, config.get(k)) for k in ("attention_bias", "mlp_bias") if config.get(k)]
+    if config.get("rope_scaling") not in (None, {}) and (config["rope_scaling"] or {}).get(
+            "rope_type", "default") != "default":
+        unsupported.append(("rope_scaling", config["rope_scaling"]))
+    if config.get("hidden_act", "silu") != "silu":
+        unsupported.append(("hidden_act", config["hidden_act"]))
+    heads = config.get("num_attention_heads") or 1
+    if config.get("head_dim") not in (None, config.get("hidden_size", 0) // heads):
+        unsupported.append(("head_dim", config["head_dim"]))
+    if unsupported:
+        name, value = unsupported[0]
+        raise ConfigError(f"{path}: {name} = {value!r} is not implemented by psa-edge's model")
+
+
+def read_safetensors(folder: Path) -> dict:
+    """Every tensor of model.safetensors, or of its shards (model.safetensors.index.json)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    files = (sorted(set(read_json(index, "the shard index")["weight_map"].values()))
+             if index.exists() else ["model.safetensors"])
+    tensors = {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{folder} has no {name} (the weights, as safetensors)")
+        try:
+            tensors.update(load_file(str(path)))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"{path} is not a readable safetensors file "
+                                  f"({str(exc)[:120]})")
+    return tensors
+
+
+def import_hf(folder: Path, output: Path, variant: str | None = None,
+              gamma: float | None = None) -> dict:
+    import torch
+
+    from psa_edge.model.checkpoint import save_checkpoint
+    from psa_edge.model.config import ModelConfig, gammas_for
+    from psa_edge.model.transformer import PSATransformer
+    from psa_edge.tokenizer import Tokenizer
+
+    folder, output = Path(folder), Path(output)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a folder (a save_pretrained layout)")
+    check_output(output)
+    refuse_overlap([output, manifest_path(output)], [p for p in folder.iterdir() if p.is_file()])
+    config = read_json(folder / "config.json", "the model's config")
+    check_llama(config, folder / "config.json")
+    if variant is None:  # the folder's own shear (a psa-edge export), else none
+        variant = config.get("psa_variant", "baseline")
+        gamma = gamma if gamma is not None else config.get("gamma_k") or config.get("gamma_q")
+    gamma_q, gamma_k = gammas_for(variant, gamma)
+    try:
+        cfg = ModelConfig(**{k: config[k] for k in LLAMA_FIELDS if k in config},
+                          gamma_q=gamma_q, gamma_k=gamma_k, variant=variant)
+    except (TypeError, PsaEdgeError) as exc:
+        raise ConfigError(f"{folder / 'config.json'}: {exc}")
+    tokenizer = Tokenizer.from_file(folder / "tokenizer.json")
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
+                          f"{cfg.vocab_size}")
+    tensors = read_safetensors(folder)
+    if cfg.tie_word_embeddings:
+        tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
+    model = PSATransformer(cfg)
+    try:
+        model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()
+                               if not k.endswith("rotary_emb.inv_freq")}, strict=True)
+    except (RuntimeError, AttributeError) as exc:
+        raise CheckpointError(f"{folder}: the weights do not match its config "
+                              f"({str(exc).splitlines()[0][:140]})")
+    model.tokenizer = tokenizer
+    return save_checkpoint(output, model, {
+        "task": None, "imported": {"folder": str(folder), "config": config,
+                                   "files": {p.name: sha256_file(p)
+                                             for p in sorted(folder.iterdir()) if p.is_file()}}})
+
+
+def export_hf(checkpoint: Path, folder: Path) -> Path:
+    from safetensors.torch import save
+
+    from psa_edge.model.checkpoint import load_checkpoint, tokenizer_of
+
+    check_output(folder, directory=True)
+    refuse_overlap([folder], [checkpoint])
+    model, _ = load_checkpoint(checkpoint)
+    cfg = model.cfg
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:  # one storage: safetensors stores it once, under its own name
+        state.pop("lm_head.weight")
+    with atomic_directory(folder) as tmp:
+        # To bytes first: a full disk is then an OSError, which the atomic folder reports.
+        (tmp / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
+        write_json(tmp / "config.json", llama_config(cfg))
+        write_json(tmp / "generation_config.json", generation_config(cfg))
+        tokenizer_of(model).write(tmp, cfg.max_position_embeddings)
+        if cfg.gamma_q or cfg.gamma_k:
+            shutil.copyfile(REMOTE_CODE, tmp / "modeling_psa.py")
+        write_json(tmp / "manifest.json", {"kind": "hf-export", "checkpoint": str(checkpoint),
+                                           "sha256": sha256_file(checkpoint)})
+    return Path(folder)

@@ -1,0 +1,193 @@
+"""The shipped code-completion model and the real-data variant table, both on the source of the
+Python standard library of the interpreter that runs psa-edge (no download).
+
+    .venv/bin/python tools/code_model.py train [--device cuda]   # models/psa-code.pt + twin
+    .venv/bin/python tools/code_model.py variants [--device cuda] [--jobs 2]
+    .venv/bin/python tools/code_model.py report                   # docs/code-model.md, README
+
+`train`: one byte-level BPE trained on the corpus's training split (out/code/tokenizer.json),
+then `psa-edge train --text` of the key-only model (models/psa-code.pt) and of its gamma = 0
+twin, the same command with `--variant baseline` (models/psa-code-twin.pt). `variants`: 1- and
+2-layer baseline, key-only and symmetric models on the same corpus and tokenizer, 3 seeds, each
+run's result cached in docs/real-variants/. `report`: the shipped pair exported (ONNX and
+XNNPACK, fp32 and int8), checked by quant-check, benchmarked by `psa-edge bench`, and the
+tables of both parts written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from common import OUT, REPO, export_once, machine, psa_edge, psa_edge_json, write_block, \
+    write_doc
+
+STDLIB = sysconfig.get_paths()["stdlib"]
+CODE = OUT / "code"
+TOKENIZER = CODE / "tokenizer.json"
+VOCAB = 2048
+MODELS = {"psa": REPO / "models" / "psa-code.pt", "twin": REPO / "models" / "psa-code-twin.pt"}
+SHIPPED = ["--preset", "psa-4m", "--tie-embeddings", "--seq-len", "256", "--batch-size", "16",
+           "--lr", "2e-3", "--eval-every", "250", "--eval-samples", "128"]
+VARIANT_RUNS = REPO / "docs" / "real-variants"
+VARIANTS = ["--preset", "psa-1m", "--seq-len", "256", "--batch-size", "16", "--lr", "3e-3",
+            "--eval-every", "250", "--eval-samples", "128"]
+ROWS = [(v, layers) for layers in (1, 2) for v in ("baseline", "key-only", "symmetric")]
+SEEDS = (0, 1, 2)
+
+
+def tokenizer() -> Path:
+    """The corpus's BPE, trained once and shared by every model here (the same vocabulary lets
+    the twin and the PSA model draft for each other)."""
+    if not TOKENIZER.exists():
+        from psa_edge.tasks.text import read_corpus
+        from psa_edge.tokenizer import train_bpe
+
+        CODE.mkdir(parents=True, exist_ok=True)
+        TOKENIZER.write_text(train_bpe(read_corpus([STDLIB]).split("train"), VOCAB).json)
+    return TOKENIZER
+
+
+def train_command(variant: str, extra: list, out: Path, device: str) -> list:
+    # Paths relative to the repository (the CLI runs there): the recorded command is the same
+    # in any checkout.
+    return ["train", "--text", STDLIB, "--tokenizer", tokenizer().relative_to(REPO),
+            "--variant", variant, *extra, "--device", device, "-o", out.relative_to(REPO)]
+
+
+def train(args) -> None:
+    runs = [train_command(v, SHIPPED + ["--steps", str(args.steps)], MODELS[m], args.device)
+            for m, v in (("psa", "key-only"), ("twin", "baseline"))]
+    with ThreadPoolExecutor(2) as pool:
+        for result in pool.map(lambda a: psa_edge(*a, env={"OMP_NUM_THREADS": "1"}), runs):
+            print(result.stdout.strip(), flush=True)
+
+
+def variants(args) -> None:
+    VARIANT_RUNS.mkdir(parents=True, exist_ok=True)
+    jobs = [(v, layers, seed) for v, layers in ROWS for seed in SEEDS
+            if not (VARIANT_RUNS / f"{v}_{layers}L_seed{seed}.json").exists()]
+
+    def run(job):
+        variant, layers, seed = job
+        out = CODE / "variants" / f"{variant}_{layers}L_seed{seed}.pt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        psa_edge(*train_command(variant, VARIANTS + ["--layers", layers, "--seed", seed,
+                                                     "--steps", args.steps], out, args.device),
+                 env={"OMP_NUM_THREADS": "1"})
+        meta = json.loads(Path(f"{out}.json").read_text())["metadata"]
+        row = {"spec": meta["train"], "summary": meta["summary"], "command": meta["command"]}
+        (VARIANT_RUNS / out.with_suffix(".json").name).write_text(json.dumps(row, indent=1))
+        return job
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for done in pool.map(run, jobs):
+            print("done", *done, flush=True)
+
+
+def mean_std(values) -> str:
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def variant_table() -> tuple[str, str]:
+    runs = {}
+    for path in sorted(VARIANT_RUNS.glob("*.json")):
+        row = json.loads(path.read_text())
+        runs.setdefault((row["spec"]["variant"], row["spec"]["layers"]), []).append(row)
+    spec = next(iter(runs.values()))[0]["spec"]
+    lines = ["| model | held-out perplexity | next-token accuracy | at copy positions | "
+             "elsewhere |", "|---|---|---|---|---|"]
+    for variant, layers in ROWS:
+        finals = [r["summary"]["final"] for r in runs[(variant, layers)]]
+        lines.append(f"| {variant}, {layers} layer{'s' if layers > 1 else ''} | "
+                     f"{mean_std([f['val_perplexity'] for f in finals])} | "
+                     f"{mean_std([f['accuracy'] for f in finals])} | "
+                     f"{mean_std([f['copy_accuracy'] for f in finals])} | "
+                     f"{mean_std([f['other_accuracy'] for f in finals])} |")
+    device = next(iter(runs.values()))[0]["summary"]["device"]
+    budget = (f"preset `{spec['preset']}` at 1 and 2 layers (hidden 128, 4 heads), BPE "
+              f"vocabulary {VOCAB}, {spec['steps']} steps of {spec['batch_size']} x "
+              f"{spec['task_params']['seq_len']} tokens, lr {spec['lr']}, on {device}; mean ± "
+              f"std over seeds {', '.join(map(str, SEEDS))}")
+    return "\n".join(lines), budget
+
+
+def report(args) -> None:
+    rows, summaries = [], {}
+    for name, checkpoint in MODELS.items():
+        summaries[name] = json.loads(Path(f"{checkpoint}.json").read_text())["metadata"]
+        for target, quant in (("onnx", None), ("onnx", "int8-dynamic"), ("xnnpack", None),
+                              ("xnnpack", "int8-dynamic")):
+            folder = export_once(checkpoint, CODE / f"{name}-{target}-{quant or 'fp32'}",
+                                 target, quant, max_seq_len=256)
+            check = psa_edge_json("quant-check", checkpoint, folder, "--samples", args.samples,
+                                  check=False) if quant else None
+            speed = psa_edge_json("bench", folder, "-p", "128", "-n", "128", "-r", "3",
+                                  "--threads", "1")["results"][0]
+            rows.append((name, target, quant or "fp32", check, speed))
+            print(name, target, quant, flush=True)
+    write_report(rows, summaries, args)
+
+
+def write_report(rows, summaries, args) -> None:
+    lines = ["| model | backend | precision | size (MB) | decode t/s (1 thread) | perplexity "
+             "float / int8 | increase | top-1 agreement | quant-check |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, target, precision, check, speed in rows:
+        m = check["metrics"] if check else None
+        lines.append(
+            f"| {'PSA (key-only 0.8)' if name == 'psa' else 'twin (gamma 0)'} | "
+            f"{'ONNX Runtime' if target == 'onnx' else 'ExecuTorch XNNPACK'} | {precision} | "
+            f"{speed['size_bytes'] / 1e6:.1f} | {speed['tg128']['tokens_per_second']:.0f} | "
+            + (f"{m['target_perplexity_float']:.3f} / {m['target_perplexity_artifact']:.3f} | "
+               f"{m['target_perplexity_ratio'] - 1:+.2%} | {m['top1_agreement']:.4f} | "
+               f"{'PASS' if check['passed'] else 'FAIL'} |" if m else "| | | |"))
+    finals = {k: s["summary"]["final"] for k, s in summaries.items()}
+    quality = " ".join(
+        f"{'PSA' if k == 'psa' else 'Twin'}: held-out perplexity {f['val_perplexity']:.3f}, "
+        f"next-token accuracy {f['accuracy']:.3f} ({f['copy_accuracy']:.3f} at copy positions, "
+        f"{f['other_accuracy']:.3f} elsewhere)." for k, f in finals.items())
+    train = summaries["psa"]
+    block = (f"`models/psa-code.pt` and `models/psa-code-twin.pt`: trained by `{train['command']}`"
+             f" and the same with `--variant baseline`, on {train['summary']['device']} in "
+             f"{train['summary']['wall_seconds'] / 60:.0f} min. {quality}\n\n"
+             + "\n".join(lines) + "\n")
+    variants, budget = variant_table()
+    write_block("code-model", block)
+    write_block("real-variants", f"On the same corpus and tokenizer ({budget}):\n\n{variants}\n")
+    write_doc("code-model.md", f"""# The code-completion model
+
+Made by `.venv/bin/python tools/code_model.py train/variants/report` on {machine()} (the
+report; the training device is named with each result). Corpus: the standard library's source
+under `{STDLIB}` (`psa-edge train --text` walks it; installed packages, `site-packages`, are not
+part of it), split into training and validation by a hash of each file. Copy positions are
+those whose last two tokens repeat a pair seen earlier in the window: where an induction head
+can copy what followed.
+
+{block}
+## Real-data variant table
+
+{budget}.
+
+{variants}
+""")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["train", "variants", "report"])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--steps", type=int, help="default: 2500 (train), 1000 (variants)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=32)
+    args = parser.parse_args()
+    args.steps = args.steps or {"train": 2500, "variants": 1000}.get(args.part)
+    {"train": train, "variants": variants, "report": report}[args.part](args)
+
+
+if __name__ == "__main__":
+    main()
