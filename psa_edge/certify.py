@@ -216,24 +216,5 @@ CERTIFICATES = [four_term, upper_shear, hamiltonian_flow, dc_neutral, high_pass,
                 kv_cache_parity, flop_count, critical_coupling, zero_parameters]
 
 
-def score_streams(model, inputs: np.ndarray) -> list[np.ndarray]:
-    """A trained model's first-layer score streams s_(T-1, j) = q_(T-1) . k_j over j, one row
-    per (sequence, head): raw, sheared after RoPE (as built) and sheared before RoPE (the wrong
-    place); `theory.measured_response` between them is the shear's measured gain."""
-    cfg, layer = model.cfg, model.model.layers[0]
-    attn = layer.self_attn
-    with torch.no_grad():
-        x = layer.input_layernorm(model.model.embed_tokens(torch.from_numpy(inputs)))
-        cos, sin = rope_cos_sin(torch.arange(inputs.shape[1]), model.inv_freq)
-        query, key, _ = attn.project(x, cos, sin)
-        raw_key = attn._heads(attn.k_proj(x), cfg.num_key_value_heads)
-        zero = torch.zeros_like(key[..., :1, :])
-        post = shear(key, zero, cfg.gamma_k)
-        pre = apply_rope(shear(raw_key, zero, cfg.gamma_k), cos, sin)
-        q_last = query[:, :, -1:, :]
-        return [(q_last @ k.transpose(-1, -2))[:, :, 0, :].reshape(-1, inputs.shape[1])
-                .double().numpy() for k in (key, post, pre)]
-
-
 def run_all(shear_op: ShearOp = shear) -> list[Certificate]:
     return [cert(shear_op) for cert in CERTIFICATES]

@@ -452,7 +452,10 @@ def main() -> None:
     exits = (typer.Exit, getattr(click, "Exit", typer.Exit))
     aborts = (typer.Abort, getattr(click, "Abort", typer.Abort), KeyboardInterrupt)
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of raising it.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except exits as exc:  # --help, typer.Exit(code)
         sys.exit(exc.exit_code)
     except getattr(click, "NoArgsIsHelpError", ()) as exc:

@@ -6,7 +6,6 @@
   with L = log(T - 1) and c = 0.74; the branches cross over at d_k* = 8L.
 - `transfer(omega, gamma)`: the shear as a causal filter on a stream,
   H(omega) = 1 + gamma (1 - e^{-i omega}); DC gain 1, gain 1 + 2 gamma at Nyquist.
-- `measured_response(inp, out)`: the gain measured between two streams, to set beside it.
 """
 
 from __future__ import annotations
@@ -37,13 +36,3 @@ def gamma_c(d_k: float, T: int) -> float:
 def transfer(omega, gamma: float):
     omega = np.asarray(omega, dtype=float)
     return 1 + gamma * (1 - np.exp(-1j * omega))
-
-
-def measured_response(inp: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The gain H(omega) = <conj(X) Y> / <|X|^2> from input to output streams (one per row), a
-    Welch-style cross-spectral estimate under a Hann window."""
-    window = np.hanning(inp.shape[1])
-    X = np.fft.rfft((inp - inp.mean(1, keepdims=True)) * window, axis=1)
-    Y = np.fft.rfft((out - out.mean(1, keepdims=True)) * window, axis=1)
-    omega = np.linspace(0, np.pi, X.shape[1])
-    return omega, (np.conj(X) * Y).mean(0) / (np.abs(X) ** 2).mean(0)

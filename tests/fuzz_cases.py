@@ -230,6 +230,7 @@ def make_case(rng: random.Random, index: int) -> dict:
 
 def setup(case: dict, folder: Path, sources: dict, payload: dict) -> None:
     shutil.copyfile(sources["checkpoint"], folder / "model.pt")
+    shutil.copyfile(f"{sources['checkpoint']}.json", folder / "model.pt.json")
     shutil.copytree(sources[case["art"]], folder / "art")
     damage = case.get("damage")
     if not damage:

@@ -69,10 +69,12 @@ def test_manifest_records_parity_and_provenance(artifacts, checkpoints):
 
     assert m["source_checkpoint"]["sha256"] == sha256_file(checkpoints["symmetric"])
     assert m["parity"]["passed"] and m["parity"]["max_abs_logit_error"]["token_by_token"] < 1e-4
-    assert m["files"] == {name: sha256_file(artifacts["xnnpack"] / name)
-                          for name in ("model.pte", "tokenizer.json")}
-    assert sorted(os.listdir(artifacts["xnnpack"])) == ["manifest.json", "model.pte",
-                                                        "tokenizer.json"]
+    folder = artifacts["xnnpack"]
+    assert {"model.pte", "tokenizer.json", "tokenizer_config.json"} <= set(m["files"])
+    assert m["files"] == {p.name: sha256_file(p) for p in folder.iterdir()
+                          if p.name != "manifest.json"}
+    assert sorted(os.listdir(folder)) == ["manifest.json", "model.pte", "reference.npz",
+                                          "tokenizer.json", "tokenizer_config.json"]
     assert_umask_modes(artifacts["xnnpack"], *artifacts["xnnpack"].iterdir())
     assert m["versions"]["executorch"] == "1.4.1" and m["versions"]["torch"].startswith("2.13")
     assert m["gamma_q"] == m["gamma_k"] == 0.8 and m["variant"] == "symmetric"

@@ -6,8 +6,6 @@ in fp32 and cache parity with the twin. Each artifact is exported once per sessi
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx

@@ -39,9 +39,11 @@ def test_measured_response_recovers_the_shear_and_tells_a_wrong_filter():
 
 
 def test_plain_single_layer_attention_solves_the_negative_control():
+    from psa_edge.tasks import get_task
     from psa_edge.train.trainer import TrainSpec, train
 
     torch.set_num_threads(1)
-    result = train(TrainSpec(task="ih-offset", preset="tiny", variant="baseline", layers=1,
-                             steps=100, eval_every=100, task_params=reproduce.CONTROL_TASK))
+    spec = TrainSpec(task="ih-offset", preset="tiny", variant="baseline", layers=1, steps=100,
+                     eval_every=100, task_params=reproduce.CONTROL_TASK)
+    result = train(spec, get_task(spec.task, **spec.task_params))
     assert result.final["accuracy"] >= 0.9, result.final

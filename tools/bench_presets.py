@@ -1,21 +1,14 @@
-"""docs/benchmarks.md and the README's bench block: prefill and decode speed of the psa-4m and
-psa-30m presets on this machine, ONNX Runtime and ExecuTorch XNNPACK, fp32 and int8, PSA
-(key-only, gamma_k 0.8) against its gamma = 0 twin, measured interleaved by `psa-edge bench --vs`.
+"""docs/benchmarks.md and the README's bench block: prefill and decode speed of psa-4m and
+psa-30m, ONNX Runtime and ExecuTorch XNNPACK, fp32 and int8, PSA (key-only 0.8) against its
+gamma = 0 twin, interleaved by `psa-edge bench --vs`; `--exports`: docs/export-sizes.md.
 
     .venv/bin/python tools/bench_presets.py --threads 1 -r 20 --rounds 2   # ~50 min on 2 cores
-    .venv/bin/python tools/bench_presets.py --presets psa-4m -r 5          # quicker
     .venv/bin/python tools/bench_presets.py --exports --presets tiny psa-4m psa-30m
 
-`--exports` writes docs/export-sizes.md instead: export time (the whole `run_export`, parity
-check included) and artifact size per preset and target.
-
-Models have random weights (`common.random_checkpoint`). Each pair is benchmarked in 2 x
-`--rounds` processes (`bench A --vs B` and `bench B --vs A`, inverted, so neither is always
-loaded first); its decode p50 ratio is given with a 95% interval over every repetition, beside
-an A/A control (the twin against a copy of itself, measured the same way). The runner-form
-`.pte` is measured the same way with psa-edge's loop and with ExecuTorch's TextLLMRunner. The
-machine's fp32 peak is a numpy (OpenBLAS) GEMM at the same thread count. Artifacts and raw JSON
-go to out/bench/.
+Random weights (`common.random_checkpoint`). Each pair runs `bench A --vs B` and `bench B --vs
+A` in `--rounds` processes each; its decode p50 ratio has a 95% interval over every repetition,
+beside an A/A control (the twin against a copy of itself). The runner form is measured with
+psa-edge's loop and ExecuTorch's TextLLMRunner. Artifacts and raw JSON go to out/bench/.
 """
 
 from __future__ import annotations

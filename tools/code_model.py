@@ -1,17 +1,14 @@
-"""The shipped code-completion model and the real-data variant table, both on the source of the
+"""The shipped code-completion model and the real-data variant table, on the source of the
 Python standard library of the interpreter that runs psa-edge (no download).
 
     .venv/bin/python tools/code_model.py train [--device cuda]   # models/psa-code.pt + twin
     .venv/bin/python tools/code_model.py variants [--device cuda] [--jobs 2]
     .venv/bin/python tools/code_model.py report                   # docs/code-model.md, README
 
-`train`: one byte-level BPE trained on the corpus's training split (out/code/tokenizer.json),
-then `psa-edge train --text` of the key-only model (models/psa-code.pt) and of its gamma = 0
-twin, the same command with `--variant baseline` (models/psa-code-twin.pt). `variants`: 1- and
-2-layer baseline, key-only and symmetric models on the same corpus and tokenizer, 3 seeds, each
-run's result cached in docs/real-variants/. `report`: the shipped pair exported (ONNX and
-XNNPACK, fp32 and int8), checked by quant-check, benchmarked by `psa-edge bench`, and the
-tables of both parts written.
+`train`: one BPE on the corpus's training split (out/code/tokenizer.json), then `psa-edge train
+--text` of the key-only model and of its twin (`--variant baseline`). `variants`: 1- and 2-layer
+baseline, key-only and symmetric models, cached in docs/real-variants/. `report`: the pair
+exported (ONNX, XNNPACK; fp32, int8), quant-checked, benchmarked; both tables written.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ SEEDS = (0, 1, 2)
 
 
 def tokenizer() -> Path:
-    """The corpus's BPE, trained once and shared by every model here (the same vocabulary lets
-    the twin and the PSA model draft for each other)."""
+    """The corpus's BPE, trained once and shared by every model here."""
     if not TOKENIZER.exists():
         from psa_edge.tasks.text import read_corpus
         from psa_edge.tokenizer import train_bpe

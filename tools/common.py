@@ -1,9 +1,7 @@
-"""What the doc-making scripts share: where things are, the machine they ran on, the CLI run as
-a user runs it, and the README blocks and docs pages they write.
-
-Every script in tools/ runs with the project's interpreter (`.venv/bin/python tools/NAME.py`,
-after `make env`); it imports psa_edge as installed, and this module from its own folder (the
-script's folder is first on Python's path). No script imports another.
+"""What the doc-making scripts share: paths, the machine they ran on, the CLI run as a user
+runs it, and the README blocks and pages they write. Every script runs with the project's
+interpreter (`.venv/bin/python tools/NAME.py`) and imports this module from its own folder; no
+script imports another.
 """
 
 from __future__ import annotations

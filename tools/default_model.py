@@ -1,10 +1,7 @@
-"""The README's export and verify blocks, from the shipped default model.
-
-`export`: the commands a user runs (`psa-edge export ... --json`) into out/ (ignored by git),
-every target and form: the artifacts with their sizes and parity, and the XNNPACK delegation
-summary with every op left outside the delegate and why. `verify`: `psa-edge verify` on the
-float artifacts of every target and form, each with its twin for the cache table: the full
-output for ONNX and a PASS/FAIL summary of every check on every target.
+"""The README's export and verify blocks, from the shipped default model: `export` runs the
+commands a user runs into out/ for every target and form (sizes, parity, the XNNPACK
+delegation and every op left outside it with why); `verify` runs `psa-edge verify` on every
+float artifact with its twin (full output for ONNX, PASS/FAIL per check on every target).
 
     .venv/bin/python tools/default_model.py export
     .venv/bin/python tools/default_model.py verify

@@ -1,13 +1,9 @@
-"""The int8 table of the README and docs/quantization.md: the default model and its gamma = 0
-twin, exported fp32 and int8 (static, dynamic) for XNNPACK and ONNX Runtime, each int8 build
-checked by `psa-edge quant-check` against the float reference; and the measurement behind
-`--keep-shear-fp32` (the same static builds with the shear quantized too).
+"""The int8 table of the README and docs/quantization.md: the default model and its twin,
+fp32 and int8 (static, dynamic) for XNNPACK and ONNX Runtime, each int8 build checked by
+`psa-edge quant-check`; and the measurement behind `--keep-shear-fp32`. Artifacts: out/quant/.
 
     .venv/bin/python tools/quant_table.py               # about 10 minutes on 2 cores
     .venv/bin/python tools/quant_table.py --samples 32  # quicker, noisier
-
-Artifacts go to out/quant/; the page and the README block between `<!-- quant:begin -->` and
-`<!-- quant:end -->` are rewritten from this run's numbers.
 """
 
 from __future__ import annotations
@@ -130,28 +126,7 @@ def write(rows: dict, samples: int, wall: float) -> None:
 Made by `.venv/bin/python tools/quant_table.py --samples {samples}` on {machine()} in
 {wall / 60:.0f} min. Every number below is from that run.
 
-## What is quantized
-
-Weights: int8, per-channel symmetric, in every linear (q, k, v, o, the SwiGLU MLP, lm_head).
-Activations at the linears' inputs: 8-bit per-tensor (int8 in ExecuTorch, uint8 in ONNX),
-either static (calibrated on `--calibration-samples` sequences of the checkpoint's own task,
-train split, seeded) or dynamic (scales computed per call). RMSNorm, RoPE, the shear, the
-attention matmuls, softmax, the mask and the state at the graph boundary (KV cache and
-previous-key slot) stay fp32, so an int8 artifact has the float artifact's I/O and cache shapes
-(tested against its twin).
-
-- ExecuTorch: torchao `prepare_pt2e` / `convert_pt2e` with executorch's `XNNPACKQuantizer`,
-  scoped with `set_operator_type(aten.linear)`. A global config narrowed with
-  `set_filter_function` does not work in executorch 1.4.1: its `cat` annotator ignores the
-  filter, so the KV-cache concatenation, RoPE's rotate-half and the shear's shift were
-  quantized too, which cost 8 accuracy points on the default model (0.885 against 0.965,
-  measured while building this). Every quantized linear is inside the XNNPACK delegate
-  (tested).
-- ONNX: ONNX Runtime's `quant_pre_process`, then `quantize_static` (QDQ, MinMax calibration,
-  asymmetric 8-bit activations stored as uint8: ONNX Runtime's U8S8, which its CPU provider
-  fuses into QLinearMatMul; with int8 activations it fused only 7 of psa-4m's 22 linears and
-  dequantized the other weights on every call) or `quantize_dynamic`, restricted to the MatMuls
-  with a weight initializer.
+What is quantized and how each backend does it: [spec.md §6](spec.md#6-quantization).
 
 ## Results
 

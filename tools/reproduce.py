@@ -1,26 +1,18 @@
-"""Reproduce the paper's claims on this machine and write docs/reproduction.md with its plots.
+"""Reproduce the paper's claims on this machine: docs/reproduction.md with its plots.
 
-Four parts, every number from a run this script makes (the variant table's runs with
-`--variants`, cached in docs/variants/):
-1. the variant table (1- and 2-layer baselines, key-only, symmetric, query-only) beside the
-   paper's numbers;
-2. a gamma sweep (0 to 1.5) of 1-layer key-only models on ih-sht at several head dimensions
-   d_k and context lengths T, with the closed-form critical coupling gamma_c(d_k, T) marked and
-   the measured onset compared to it;
-3. the negative control: ih-offset (the answer is found by its own content at a random offset,
-   no predecessor lookup needed), where a plain 1-layer model succeeds and the shear should not
-   help;
-4. the frequency response of the trained default model's score stream against
-   H(omega) = 1 + gamma (1 - e^{-i omega}), post-RoPE (as built) and pre-RoPE (the wrong place).
+Its parts: the variant table beside the paper's numbers (runs of `--variants`); a gamma sweep
+of 1-layer key-only models on ih-sht at several d_k and T against the closed-form critical
+coupling gamma_c(d_k, T); the negative control ih-offset (no predecessor lookup needed: the
+shear should not help); the frequency response of the default model's score stream against
+H(omega) = 1 + gamma (1 - e^{-i omega}), shear post-RoPE (as built) and pre-RoPE; the deep model.
 
     .venv/bin/python tools/reproduce.py --variants  # the variant table: docs/variants.md (~2 h)
     .venv/bin/python tools/reproduce.py --throughput [cuda]  # docs/training.md (~10 min)
     .venv/bin/python tools/reproduce.py --deep cpu  # the deep-model runs (~1 h, 2 cores)
-    .venv/bin/python tools/reproduce.py          # full run: docs/reproduction.md (hours, 2 cores)
-    .venv/bin/python tools/reproduce.py --quick  # under 10 minutes: out/reproduction-quick.md
+    .venv/bin/python tools/reproduce.py          # the page, from cached and new runs (hours)
 
-Runs are cached as JSON (full: docs/reproduction/runs/, quick: out/reproduction-quick/runs/);
-delete a file to rerun that run. Each run is single-threaded; --jobs runs several at once.
+Every run is cached as JSON under docs/reproduction/runs/ (delete one to rerun it); each is
+single-threaded, --jobs runs several at once.
 """
 
 from __future__ import annotations
@@ -46,27 +38,19 @@ SWEEP_WIDTH = 128  # hidden size of every sweep model; d_k varies through the he
 
 @dataclass(frozen=True)
 class Plan:
-    name: str
     out: Path
-    variant_runs: str                  # "cached": the --variants runs; "train": small
     sweep_settings: tuple              # (d_k, T) pairs
     gammas: tuple
-    seeds: tuple                       # of the variant table (quick) and the sweep
+    seeds: tuple                       # of the sweep
     sweep_steps: int
     control_gammas: tuple
     control_seeds: tuple
     control_steps: int
 
 
-PLANS = {
-    "full": Plan("full", REPO / "docs" / "reproduction.md", "cached",
-                 ((16, 64), (64, 64), (16, 128), (64, 128)),
-                 (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5), (0, 1), 1000,
-                 (0.0, 0.2, 0.4, 0.8, 1.2), (0, 1, 2), 150),
-    "quick": Plan("quick", REPO / "out" / "reproduction-quick.md", "train",
-                  ((16, 64), (64, 64)), (0.0, 0.1, 0.3, 0.8, 1.5), (0,), 300,
-                  (0.0, 0.8), (0,), 150),
-}
+PLAN = Plan(REPO / "docs" / "reproduction.md", ((16, 64), (64, 64), (16, 128), (64, 128)),
+            (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5), (0, 1), 1000,
+            (0.0, 0.2, 0.4, 0.8, 1.2), (0, 1, 2), 150)
 
 
 def runs_dir(plan: Plan) -> Path:
@@ -97,23 +81,13 @@ def control_job(gamma: float, seed: int, steps: int) -> tuple[str, dict]:
     return f"control_g{gamma:g}_s{seed}_{steps}st.json", spec
 
 
-def variant_job(variant: str, layers: int, seed: int, steps: int) -> tuple[str, dict]:
-    spec = dict(task="ih-safari", preset="tiny", variant=variant, layers=layers, steps=steps,
-                seed=seed, eval_every=25)
-    return f"variant_{variant}_{layers}L_s{seed}_{steps}st.json", spec
-
-
 # The deep-model experiment (the paper: 91.3M parameters, induction in 3/3 seeds at gamma 0.8
 # after 717 steps, 2/3 at gamma 0 after 2700): ih-sht, gamma 0 against key-only 0.8, 3 seeds,
 # steps to 0.9 evaluated every 50 steps (training stops there), up to 3000 steps.
 DEEP = {"gpu": dict(preset="psa-92m", layers=12, lr=1e-3, device="cuda", steps=3000),
         "cpu": dict(preset="psa-4m", layers=3, lr=1e-3, device="cpu", steps=2000,
                     batch_size=16, eval_samples=128, task_params={"seq_len": 128, "alphabet": 64})}
-
-
 DEEP_GAMMAS, DEEP_SEEDS = (0.0, 0.8), (0, 1, 2)
-
-
 THROUGHPUT = REPO / "docs" / "training"  # one JSON per (preset, device, processes)
 THROUGHPUT_STEPS = {"cpu": 25, "cuda": 200}
 
@@ -126,34 +100,31 @@ def throughput(devices: list[str]) -> None:
     import tempfile
 
     THROUGHPUT.mkdir(parents=True, exist_ok=True)
-    for device in devices:
-        for preset, nproc in [(p, n) for p in ("psa-4m", "psa-30m")
-                              for n in ((1, 2) if device == "cpu" else (1,))]:
-            cached = THROUGHPUT / f"{preset}-{device}-{nproc}p.json"
-            if cached.exists():  # delete it to measure again
+    for device, preset in [(d, p) for d in devices for p in ("psa-4m", "psa-30m")]:
+        for nproc in (1, 2) if device == "cpu" else (1,):
+            cached = THROUGHPUT / f"{preset}-{device}-{nproc}p.json"  # delete it to remeasure
+            if cached.exists():
                 continue
             with tempfile.TemporaryDirectory() as tmp:
-                threads = str(max(1, 2 // nproc)) if device == "cpu" else "4"
                 subprocess.run([sys.executable, "-m", "psa_edge.cli", "train", "--task", "ih-sht",
                                 "--preset", preset, "--seq-len", "256", "--batch-size", "32",
-                                "--steps", str(THROUGHPUT_STEPS[device]), "--eval-every",
-                                "100000", "--eval-samples", "8", "--device", device, "--nproc",
-                                str(nproc), "-o", f"{tmp}/m.pt"], check=True,
-                               env={**os.environ, "OMP_NUM_THREADS": threads})
+                                "--steps", str(THROUGHPUT_STEPS[device]), "--eval-every", "100000",
+                                "--eval-samples", "8", "--device", device, "--nproc", str(nproc),
+                                "-o", f"{tmp}/m.pt"], check=True, env={
+                                    **os.environ, "OMP_NUM_THREADS": str(2 // nproc)})
                 summary = json.loads(Path(f"{tmp}/m.pt.json").read_text())["metadata"]["summary"]
-            row = {"preset": preset, "device": device, "processes": nproc, "machine": machine(),
-                   "tokens_per_second": summary["train_tokens_per_second"]}
-            cached.write_text(json.dumps(row))
-            print(row, flush=True)
+            cached.write_text(json.dumps({"preset": preset, "device": device, "processes": nproc,
+                                          "machine": machine(),
+                                          "tokens_per_second": summary["train_tokens_per_second"]}))
     rows = [json.loads(p.read_text()) for p in sorted(THROUGHPUT.glob("*.json"))]
     write_doc("training.md", f"""# Training throughput
 
 Made by `.venv/bin/python tools/reproduce.py --throughput [cuda]`: `psa-edge train` on ih-sht
 (256 tokens a sequence, vocabulary 64, batch 32 over all processes, key-only gamma_k 0.8),
 {THROUGHPUT_STEPS['cpu']} steps on a CPU, {THROUGHPUT_STEPS['cuda']} on a GPU; tokens/s is the
-trainer's own count over its training steps after the first five (evaluation left out). On the
-CPU, 2 processes are `--nproc 2` (torchrun, gloo, one thread each) against 1 process with 2
-threads: the same cores. On CUDA the forward runs under bf16 autocast with fp32 master weights.
+trainer's own count over its steps after the first five (evaluation left out). CPU: `--nproc 2`
+(torchrun, gloo, a thread each) against 1 process with 2 threads, the same cores. CUDA: bf16
+autocast, fp32 master weights.
 
 | preset | device | processes | tokens/s | machine |
 |---|---|---|---|---|
@@ -173,8 +144,12 @@ def deep_section(plan: Plan, size: str) -> str:
             f"{spec['device']}")
     command = f"`.venv/bin/python tools/reproduce.py --deep {size} --jobs N`"
     if not all(p.exists() for p in paths.values()):
-        return (f"**{size.upper()}-sized** ({what}): not run for this page. The command is "
-                f"{command}; see below for its expected time.")
+        flops = 6 * 92e6 * len(paths) * spec["steps"] * spec["batch_size"] * 256
+        return (f"**{size.upper()}-sized** ({what}): not run for this page (no GPU was available "
+                f"to it). The command is {command}. Expected time, not measured: at most 6 x 92M "
+                f"parameters x {len(paths)} runs x {spec['steps']} steps x {spec['batch_size']} x "
+                f"256 tokens = {flops:.1e} FLOPs, {flops / 1e14 / 60:.0f} min at a sustained 100 "
+                f"TFLOP/s (about a tenth of an H100's bf16 peak); stopping at 0.9 shortens it.")
     runs = {k: json.loads(p.read_text()) for k, p in paths.items()}
     lines = [f"**{size.upper()}-sized** ({what}; {command}, "
              f"{sum(r['wall_seconds'] for r in runs.values()) / 60:.0f} min of training summed "
@@ -274,29 +249,21 @@ def table_job(task: str, variant: str, layers: int, seed: int) -> tuple[str, dic
             dict(task=task, variant=variant, layers=layers, seed=seed, **TABLE_SETTINGS[task]))
 
 
-def variant_results(plan: Plan, n_jobs: int, train: bool = False) -> tuple[str, dict]:
+def variant_results(n_jobs: int, train: bool = False) -> tuple[str, dict]:
     """(how the runs were made, {task: {(variant, layers): [runs]}})."""
-    if plan.variant_runs == "cached":
-        jobs = [table_job(t, v, layers, s) for t in TABLE_SETTINGS for _, v, layers in VARIANT_ROWS
-                for s in TABLE_SEEDS]
-        if not train and not all((VARIANTS / name).exists() for name, _ in jobs):
-            raise SystemExit("variant-table runs are missing; run "
-                             ".venv/bin/python tools/reproduce.py --variants first")
-        rows = run_all(jobs, VARIANTS, n_jobs)
-        source = "; ".join(f"{t} on `{c['preset']}`, {c['steps']} steps, batch {c['batch_size']}, "
-                           f"lr {c['lr']}, accuracy {ACCURACY[t]}"
-                           for t, c in TABLE_SETTINGS.items())
-        seeds = TABLE_SEEDS
-    else:
-        jobs = [variant_job(v, layers, s, 300) for _, v, layers in VARIANT_ROWS
-                for s in plan.seeds]
-        rows = run_all(jobs, runs_dir(plan), n_jobs)
-        source, seeds = "ih-safari on `tiny`, 300 steps", plan.seeds
+    jobs = [table_job(t, v, layers, s) for t in TABLE_SETTINGS for _, v, layers in VARIANT_ROWS
+            for s in TABLE_SEEDS]
+    if not train and not all((VARIANTS / name).exists() for name, _ in jobs):
+        raise SystemExit("variant-table runs are missing; run "
+                         ".venv/bin/python tools/reproduce.py --variants first")
+    rows = run_all(jobs, VARIANTS, n_jobs)
+    source = "; ".join(f"{t} on `{c['preset']}`, {c['steps']} steps, batch {c['batch_size']}, "
+                       f"lr {c['lr']}, accuracy {ACCURACY[t]}" for t, c in TABLE_SETTINGS.items())
     results: dict = {}
     for name, spec in jobs:
         results.setdefault(spec["task"], {}).setdefault(
             (spec["variant"], spec["layers"]), []).append(rows[name])
-    return f"{source}; mean ± std over seeds {', '.join(map(str, seeds))}", results
+    return f"{source}; mean ± std over seeds {', '.join(map(str, TABLE_SEEDS))}", results
 
 
 def mean_std(values: list[float]) -> str:
@@ -430,19 +397,50 @@ def control_table(plan: Plan, rows: dict) -> tuple[str, float]:
 # ---------------------------------------------------------------------------------------------
 # 4. Frequency response of the trained model's score stream
 
-def frequency_section(checkpoint: Path, path: Path) -> tuple[str, dict]:
-    import matplotlib.pyplot as plt
+def score_streams(checkpoint: Path, samples: int = 16):
+    """(raw, post-RoPE-sheared, pre-RoPE-sheared) score streams s_{T-1, j} over j, one row per
+    (sequence, head), of a trained model on held-out data of its task."""
+    import torch
 
-    from psa_edge.certify import score_streams
     from psa_edge.model.checkpoint import load_checkpoint
+    from psa_edge.model.ops import apply_rope, rope_cos_sin, shear
     from psa_edge.tasks import task_from_dict
 
     model, metadata = load_checkpoint(checkpoint)
-    inputs, _ = task_from_dict(metadata["task"]).sample("test", 16, seed=99)
-    raw, post, pre = score_streams(model, inputs)
-    gamma = model.cfg.gamma_k
-    omega, h_post = theory.measured_response(raw, post)
-    _, h_pre = theory.measured_response(raw, pre)
+    task = task_from_dict(metadata["task"])
+    inputs, _ = task.sample("test", samples, seed=99)
+    cfg, layer = model.cfg, model.model.layers[0]
+    attn = layer.self_attn
+    with torch.no_grad():
+        x = layer.input_layernorm(model.model.embed_tokens(torch.from_numpy(inputs)))
+        positions = torch.arange(inputs.shape[1])
+        cos, sin = rope_cos_sin(positions, model.inv_freq)
+        query, key, _ = attn.project(x, cos, sin)
+        raw_key = attn._heads(attn.k_proj(x), cfg.num_key_value_heads)
+        zero = torch.zeros_like(key[..., :1, :])
+        post = shear(key, zero, cfg.gamma_k)
+        pre = apply_rope(shear(raw_key, zero, cfg.gamma_k), cos, sin)
+        q_last = query[:, :, -1:, :]  # the last query against every key: s_{T-1, j}
+        streams = [(q_last @ k.transpose(-1, -2))[:, :, 0, :].reshape(-1, inputs.shape[1])
+                   for k in (key, post, pre)]
+    return [s.double().numpy() for s in streams], cfg.gamma_k
+
+
+def measured_response(inp: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """H(omega) = <conj(X) Y> / <|X|^2> over rows (Welch-style cross-spectral estimate)."""
+    window = np.hanning(inp.shape[1])
+    X = np.fft.rfft((inp - inp.mean(1, keepdims=True)) * window, axis=1)
+    Y = np.fft.rfft((out - out.mean(1, keepdims=True)) * window, axis=1)
+    omega = np.linspace(0, np.pi, X.shape[1])
+    return omega, (np.conj(X) * Y).mean(0) / (np.abs(X) ** 2).mean(0)
+
+
+def frequency_section(checkpoint: Path, path: Path) -> tuple[str, dict]:
+    import matplotlib.pyplot as plt
+
+    (raw, post, pre), gamma = score_streams(checkpoint)
+    omega, h_post = measured_response(raw, post)
+    _, h_pre = measured_response(raw, pre)
     closed = np.abs(theory.transfer(omega, gamma))
     band = omega > 0  # the mean is removed, so DC carries no estimate
     stats = {}
@@ -477,7 +475,6 @@ def main() -> None:
 
     matplotlib.use("Agg")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the under-10-minute version")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--deep", choices=sorted(DEEP), help="train only the deep-model "
                         "experiment's runs of that size (gpu: psa-92m, cpu: psa-4m)")
@@ -490,11 +487,11 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="train only the variant table "
                         "(docs/variants/), write docs/variants.md and its README block")
     args = parser.parse_args()
-    plan = PLANS["quick" if args.quick else "full"]
+    plan = PLAN
     if args.throughput is not None:
         return throughput(["cpu", *args.throughput])
     if args.variants:
-        body = variant_section(*variant_results(plan, args.jobs, train=True))
+        body = variant_section(*variant_results(args.jobs, train=True))
         write_doc("variants.md", f"# Variant table\n\nMade by `.venv/bin/python tools/"
                   f"reproduce.py --variants` on {machine()}; per-run specs and held-out curves "
                   f"in `docs/variants/*.json`. The paper: key-only {PAPER['key-only']}, symmetric "
@@ -510,7 +507,7 @@ def main() -> None:
     figures = plan.out.parent / plan.out.stem
     figures.mkdir(parents=True, exist_ok=True)
 
-    source, variants = variant_results(plan, args.jobs)
+    source, variants = variant_results(args.jobs)
     sweep_jobs = [sweep_job(d, T, g, s, plan.sweep_steps) for d, T in plan.sweep_settings
                   for g in plan.gammas for s in plan.seeds]
     control_jobs = [control_job(g, s, plan.control_steps) for g in plan.control_gammas
@@ -530,14 +527,13 @@ def main() -> None:
                  train_minutes, training_wall_minutes(plan), deep_md)
     plan.out.parent.mkdir(parents=True, exist_ok=True)
     plan.out.write_text(doc)
-    if plan.name == "full":
-        write_readme_block(summary, best, freq)
+    write_readme_block(summary, best, freq)
     print(f"wrote {plan.out} in {(time.time() - started) / 60:.1f} min")
 
 
 def render(plan, source, variants, sweep_md, summary, control_md, best, freq_md, freq,
            sweep_png, freq_png, train_minutes, wall_minutes, deep_md) -> str:
-    command = ".venv/bin/python tools/reproduce.py" + (" --quick" if plan.name == "quick" else "")
+    command = ".venv/bin/python tools/reproduce.py"
     settings = ", ".join(f"(d_k={d}, T={T})" for d, T in plan.sweep_settings)
     crossings = [s for s in summary.values() if s["onset"] is not None]
     below = sum(1 for s in crossings if s["onset"] < s["gamma_c"])

@@ -1,7 +1,5 @@
-"""The README's timing line: what a new user waits for, measured on a clean clone of HEAD.
-
-Clones the repository (committed state) into a temporary folder and times `make env` (the
-install), `make demo` and `make test` there, one after the other, as the README tells a user.
+"""The README's timing line: `make env`, `make demo` and `make test` timed one after the other
+in a clean clone of HEAD, as the README tells a new user.
 
     .venv/bin/python tools/setup_time.py     # about 15 minutes on 2 cores
 """

@@ -28,8 +28,8 @@ from psa_edge.export import quantize as q
 from psa_edge.export.executorch_target import PORTABLE, XNNPACK
 from psa_edge.export.forms import FORMS, Traced, graph_io
 from psa_edge.export.onnx_target import ONNX
-from psa_edge.io import (atomic_directory, check_output, refuse_overlap, sha256_file, versions,
-                         write_json)
+from psa_edge.io import (atomic_directory, check_output, manifest_path, refuse_overlap,
+                         sha256_file, versions, write_json)
 from psa_edge.model.checkpoint import load_checkpoint, tokenizer_of
 from psa_edge.model.transformer import PSATransformer, twin_of
 
@@ -80,7 +80,7 @@ def check_request(req: ExportRequest) -> ExportRequest:
         q.check_spec(req.quant, target.schemes)
     output = Path(req.output) if req.output else req.default_output()
     check_output(output, directory=True)
-    refuse_overlap([output], [req.checkpoint])
+    refuse_overlap([output], [req.checkpoint, manifest_path(req.checkpoint)])
     return dataclasses.replace(req, output=output)
 
 

@@ -196,7 +196,7 @@ def export_hf(checkpoint: Path, folder: Path) -> Path:
     from psa_edge.model.checkpoint import load_checkpoint, tokenizer_of
 
     check_output(folder, directory=True)
-    refuse_overlap([folder], [checkpoint])
+    refuse_overlap([folder], [checkpoint, manifest_path(checkpoint)])
     model, _ = load_checkpoint(checkpoint)
     cfg = model.cfg
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

@@ -4,7 +4,7 @@ Contract:
 - A native runtime (ExecuTorch above all) may abort the whole process on a corrupt program, and
   a weight changed under a re-computed manifest hash runs silently wrong. So the first time this
   machine opens an artifact's bytes, `ensure_checked(artifact)` opens them in a child process
-  (`python -m psa_edge.runtime.guard`) that loads the program, feeds the manifest's
+  (`python -m psa_edge.runtime.session`) that loads the program, feeds the manifest's
   `self_check` tokens and compares the logits' fingerprint with the one recorded at export.
   A child that dies by a signal, hangs past CHILD_TIMEOUT_S or reports a mismatch becomes one
   `ArtifactError` here; the user's process never loads what the child could not.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from psa_edge.errors import ArtifactError, PsaEdgeError
+from psa_edge.errors import ArtifactError
 
 SELF_CHECK_LEN = 8
 SELF_CHECK_RTOL = 1e-3
@@ -99,7 +99,7 @@ def ensure_checked(artifact) -> None:
     """Open `artifact` (an `io.Artifact`) in a child process once per machine and bytes."""
     if is_checked(artifact.identity):
         return
-    command = [sys.executable, "-m", "psa_edge.runtime.guard", str(artifact.folder),
+    command = [sys.executable, "-m", "psa_edge.runtime.session", str(artifact.folder),
                artifact.identity]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
@@ -117,25 +117,3 @@ def ensure_checked(artifact) -> None:
         reason = lines[-1].removeprefix("error: ") if lines else f"exit {child.returncode}"
         raise ArtifactError(reason)
     mark_checked(artifact.identity)
-
-
-def main(folder: str, identity: str) -> int:
-    from psa_edge.runtime.session import open_session
-
-    try:
-        session = open_session(folder, checked=False)
-        if session.identity != identity:
-            raise ArtifactError(f"{folder} changed while it was being opened")
-        self_check(session)
-    except PsaEdgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - whatever a corrupt program makes the runtime do
-        print(f"error: {folder} cannot run ({type(exc).__name__}: {str(exc)[:160]})",
-              file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))

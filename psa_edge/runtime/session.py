@@ -23,13 +23,14 @@ Two kinds, chosen by the artifact's form (`open_session`):
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from psa_edge.contract import TOKENIZER, GraphIO, State, check_threads, slots_from
-from psa_edge.errors import ArtifactError, SequenceError
+from psa_edge.errors import ArtifactError, PsaEdgeError, SequenceError
 from psa_edge.io import read_artifact
 from psa_edge.tokenizer import Tokenizer
 
@@ -268,3 +269,26 @@ def open_session(artifact: str | Path, threads: int | None = None, checked: bool
     except UnicodeDecodeError:
         raise ArtifactError(f"{opened.path(TOKENIZER)} is not text")
     return session
+
+
+def checked_open_child(folder: str, identity: str) -> int:
+    """The child of `guard.ensure_checked`: open and self-check; exit 2 with one line if not."""
+    from psa_edge.runtime.guard import self_check
+
+    try:
+        session = open_session(folder, checked=False)
+        if session.identity != identity:
+            raise ArtifactError(f"{folder} changed while it was being opened")
+        self_check(session)
+    except PsaEdgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - whatever a corrupt program makes the runtime do
+        print(f"error: {folder} cannot run ({type(exc).__name__}: {str(exc)[:160]})",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(checked_open_child(*sys.argv[1:3]))

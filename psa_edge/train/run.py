@@ -106,9 +106,6 @@ def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
         task = text_task(spec, given) if spec.text else get_task(spec.task, **spec.task_params)
         model = build_model(spec, task)  # refuses a bad preset, variant or gamma
         model.tokenizer = getattr(task, "tokenizer", None)
-    corpus = getattr(task, "corpus", None)
-    if corpus is not None:
-        refuse_overlap(outputs_of(output), [Path(corpus.root) / f for f in corpus.files])
     if task.vocab_size != model.cfg.vocab_size:
         raise TaskError(f"the task's vocabulary is {task.vocab_size}, the model's "
                         f"{model.cfg.vocab_size}")
@@ -215,9 +212,6 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str | None, samples: int,
     else:
         task = get_task(task_name, **(recorded.get("params", {})
                                       if recorded.get("name") == task_name else {}))
-    corpus = getattr(task, "corpus", None)
-    if corpus is not None:
-        refuse_overlap(outputs_of(output), [Path(corpus.root) / f for f in corpus.files])
     if task.vocab_size != model.cfg.vocab_size:
         raise TaskError(f"task {task.name} has vocabulary {task.vocab_size}, "
                         f"the model's is {model.cfg.vocab_size}")
