@@ -89,7 +89,7 @@ DEEP = {"gpu": dict(preset="psa-92m", layers=12, lr=1e-3, device="cuda", steps=3
                     batch_size=16, eval_samples=128, task_params={"seq_len": 128, "alphabet": 64})}
 DEEP_GAMMAS, DEEP_SEEDS = (0.0, 0.8), (0, 1, 2)
 THROUGHPUT = REPO / "docs" / "training"  # one JSON per (preset, device, processes)
-THROUGHPUT_STEPS = {"cpu": 25, "cuda": 200}
+THROUGHPUT_STEPS = {"cpu": 10, "cuda": 200}
 
 
 def throughput(devices: list[str]) -> None:

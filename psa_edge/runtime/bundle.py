@@ -9,7 +9,7 @@ writes into a temporary folder beside `out` and renames it into place (an existi
   .pte; commands
   that need torch (train, export, ...) are not in it;
 - `psa-edge`: a launcher (`python3 -m psa_edge.cli`);
-- `requirements-onnx.txt` (aarch64 Linux: numpy, onnxruntime, typer, rich, pinned to the
+- `requirements-onnx.txt` (aarch64 Linux: numpy, onnxruntime, tokenizers, typer, rich, pinned to the
   versions this bundle was tested with) and, when a .pte is bundled,
   `requirements-executorch.txt` (the executorch wheel and the torch it needs);
 - `README.md`: the exact commands for a Raspberry Pi (64-bit OS) and for an Android phone
@@ -131,8 +131,9 @@ pip install -r requirements-onnx.txt          # aarch64 wheels from PyPI, nothin
 ./psa-edge verify models/{example}            # against the logits recorded at export
 ```
 
-Installed size on aarch64 and the same commands run under emulation in psa-edge's CI:
-docs/device.md of psa-edge.
+Installed, the venv takes about 230 MB on aarch64 (tokenizers brings huggingface_hub and
+httpx along); psa-edge's CI installs it and runs these commands under emulation
+(docs/device.md of psa-edge).
 """
     if has_pte:
         text += f"""
