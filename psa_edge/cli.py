@@ -40,8 +40,9 @@ def number(low: float | None = None, high: float | None = None, *, above: float 
         if above is not None and not value > above:
             raise typer.BadParameter(f"{value} must be above {above:g}")
         if low is not None and value < low or high is not None and value > high:
-            bounds = f"[{low:g}, {high:g}]" if high is not None else f">= {low:g}"
-            raise typer.BadParameter(f"{value} is not in {bounds}")
+            bounds = (f"is not in [{low:g}, {high:g}]" if None not in (low, high) else
+                      f"must be >= {low:g}" if high is None else f"must be <= {high:g}")
+            raise typer.BadParameter(f"{value} {bounds}")
         return value
     return check
 

@@ -21,6 +21,8 @@ Forms:
 
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -324,7 +326,7 @@ class GraphIO:
 # The artifact manifest's fields a reader relies on, and their types (docs/spec.md §8).
 MANIFEST_FIELDS = {"kind": str, "target": str, "form": str, "backend": str, "config": dict,
                    "max_seq_len": int, "io": dict, "files": dict, "twin": bool,
-                   "variant": str}
+                   "variant": str, "size_bytes": int}
 OPTIONAL_FIELDS = {"quantization": dict, "source_checkpoint": dict, "delegation": dict,
                    "parity": dict}
 
@@ -342,6 +344,11 @@ def check_manifest(manifest, where: str) -> None:
     for field, kind in OPTIONAL_FIELDS.items():
         if manifest.get(field) is not None and not isinstance(manifest[field], kind):
             raise ArtifactError(f"{where}: field {field!r} must be a {kind.__name__} or null")
+    for field in ("gamma_k", "gamma_q"):
+        value = manifest.get(field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise ArtifactError(f"{where}: field {field!r} must be a number, got {value!r:.60}")
     if manifest["kind"] != "artifact" or manifest["target"] not in BACKENDS \
             or manifest["backend"] != BACKENDS[manifest["target"]] \
             or manifest["form"] not in FORMS:

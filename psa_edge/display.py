@@ -70,7 +70,7 @@ def bench_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     for r in report["results"]:
         model = f"{r['variant']} (gk {r['gamma_k']:g}, gq {r['gamma_q']:g})"
         common = [model, f"{r['target']} {r['form']}", r["precision"],
-                  f"{r['size_bytes'] / 1e6:.2f}", report["threads"]]
+                  f"{(r['size_bytes'] or 0) / 1e6:.2f}", report["threads"]]
         p, t = r[pp], r[tg]
         rows.append(common + [pp + at, f"{p['tokens_per_second']:.1f} ± {p['stddev']:.1f}", "",
                               "", f"{p['ttft_ms_mean']:.2f}", f"{r['load_rss_bytes'] / 1e6:.1f}"])

@@ -68,6 +68,9 @@ def rehash(folder: Path, name: str) -> None:
 
 
 JUNK = [0, -1, 1.5, "8", None, [], {}, True, 10**9, 2**63, float("nan"), float("inf"), -10**6]
+INVALID = [-1, "8", None, [], {}, float("nan"), float("inf"), -10**6]
+SEMANTIC_FIELDS = {"rope_theta", "rms_norm_eps", "gamma_q", "gamma_k", "eos_token_id",
+                   "bos_token_id", "max_position_embeddings"}
 
 
 def damage_manifest(rng: random.Random, manifest: dict):
@@ -105,7 +108,10 @@ def damage_checkpoint(rng: random.Random, payload: dict):
     payload = copy.deepcopy(payload)
     if how == "config":
         key = rng.choice(sorted(payload["config"]))
-        payload["config"][key] = rng.choice(JUNK + ["x", 0.0])
+        # A valid value of a field that is the model's to choose (1.5 as rope_theta, 0 as an
+        # eos id) makes another model, rightly run; those fields get only invalid values.
+        semantic = key in SEMANTIC_FIELDS
+        payload["config"][key] = rng.choice(INVALID if semantic else JUNK + ["x", 0.0])
     elif how == "tensors":
         sd = payload["state_dict"]
         name = rng.choice(sorted(sd))

@@ -80,3 +80,15 @@ def test_weights_that_do_not_match_config(tmp_path):
     with pytest.raises(CheckpointError, match="invalid config"):
         load_checkpoint(path)
 
+
+def test_a_config_that_claims_tied_embeddings_it_does_not_have(tmp_path):
+    """Found by the fuzz campaign: the config said tied, lm_head differed, and the load
+    silently replaced the embedding with lm_head."""
+    path = tmp_path / "m.pt"
+    save_checkpoint(path, make_model(), {})
+    payload = torch.load(path, weights_only=True)
+    payload["config"]["tie_word_embeddings"] = True
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="ties the embeddings"):
+        load_checkpoint(path)
+

@@ -61,6 +61,17 @@ def test_eval_json(trained):
     assert data["task"] == "ih-safari" and 0 <= data["accuracy"] <= 1 and data["samples"] == 64
 
 
+@pytest.mark.parametrize("option,value,message", [
+    ("--top-p", "2", "must be <= 1"), ("--temperature", "nan", "not a finite number"),
+    ("--seed", "-1", "--seed"), ("--top-p", "0", "must be above 0"),
+])
+def test_numeric_options_out_of_range_are_one_line(trained, option, value, message):
+    """--top-p 2 once raised a TypeError while formatting its own refusal (fuzz campaign)."""
+    result = run("generate", trained, "--prompt-ids", "1,2", "-n", "2", option, value)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_help_is_fast_and_torch_free():
     code = ("import sys; from psa_edge.cli import app; "
             "assert 'torch' not in sys.modules, 'cli imports torch'")

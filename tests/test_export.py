@@ -307,6 +307,18 @@ def test_inspect_refuses_mismatched_manifest(artifacts, tmp_path):
         open_session(copy)
 
 
+@pytest.mark.parametrize("field", ["size_bytes", "gamma_k"])
+def test_bench_refuses_a_manifest_without_a_field_it_reports(artifacts, tmp_path, field):
+    """Found by the fuzz campaign: a manifest without size_bytes reached bench's report."""
+    copy = copy_artifact(artifacts["onnx"], tmp_path / "x")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest[field]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    result = cli("bench", copy, "-p", "4", "-n", "4", "-r", "1")
+    assert result.returncode == 2 and field in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args,message", [
     (["--target", "tflite"], "unknown target"),
     (["--max-seq-len", "8"], "below the parity probe length"),

@@ -179,11 +179,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["train", "variants", "report"])
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--steps", type=int, help="default: 2500 (train), 500 (variants)")
+    parser.add_argument("--steps", type=int, help="default: 2500 (train), 300 (variants)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=32)
     args = parser.parse_args()
-    args.steps = args.steps or {"train": 2500, "variants": 500}.get(args.part)
+    args.steps = args.steps or {"train": 2500, "variants": 300}.get(args.part)
     {"train": train, "variants": variants, "report": report}[args.part](args)
 
 

@@ -11,8 +11,7 @@ H(omega) = 1 + gamma (1 - e^{-i omega}), shear post-RoPE (as built) and pre-RoPE
     .venv/bin/python tools/reproduce.py --deep cpu  # the deep-model runs (~1 h, 2 cores)
     .venv/bin/python tools/reproduce.py          # the page, from cached and new runs (hours)
 
-Every run is cached as JSON under docs/reproduction/runs/ (delete one to rerun it); each is
-single-threaded, --jobs runs several at once.
+Runs are single-threaded, cached as JSON in docs/reproduction/runs/ (delete one to rerun it).
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ DEEP = {"gpu": dict(preset="psa-92m", layers=12, lr=1e-3, device="cuda", steps=3
                     batch_size=16, eval_samples=128, task_params={"seq_len": 128, "alphabet": 64})}
 DEEP_GAMMAS, DEEP_SEEDS = (0.0, 0.8), (0, 1, 2)
 THROUGHPUT = REPO / "docs" / "training"  # one JSON per (preset, device, processes)
-THROUGHPUT_STEPS = {"cpu": 10, "cuda": 200}
+THROUGHPUT_STEPS = {"cpu": 8, "cuda": 200}
 
 
 def throughput(devices: list[str]) -> None:
@@ -137,19 +136,20 @@ def deep_section(plan: Plan, size: str) -> str:
     spec = deep_job(size, 0.8, 0)[1]
     paths = {(g, s): runs_dir(plan) / deep_job(size, g, s)[0] for g in DEEP_GAMMAS
              for s in DEEP_SEEDS}
-    what = (f"`{spec['preset']}` ({spec['layers']} layers) on ih-sht "
-            f"(length {spec.get('task_params', {}).get('seq_len', 256)}), batch "
-            f"{spec['batch_size']}, lr {spec['lr']}, evaluated every 50 steps on "
-            f"{spec['eval_samples']} held-out sequences, up to {spec['steps']} steps, on "
-            f"{spec['device']}")
+    what = (f"`{spec['preset']}` ({spec['layers']} layers) on ih-sht (length "
+            f"{spec.get('task_params', {}).get('seq_len', 256)}), batch {spec['batch_size']}, lr "
+            f"{spec['lr']}, evaluated every 50 steps on {spec['eval_samples']} held-out "
+            f"sequences, up to {spec['steps']} steps, on {spec['device']}")
     command = f"`.venv/bin/python tools/reproduce.py --deep {size} --jobs N`"
     if not all(p.exists() for p in paths.values()):
         flops = 6 * 92e6 * len(paths) * spec["steps"] * spec["batch_size"] * 256
-        return (f"**{size.upper()}-sized** ({what}): not run for this page (no GPU was available "
-                f"to it). The command is {command}. Expected time, not measured: at most 6 x 92M "
-                f"parameters x {len(paths)} runs x {spec['steps']} steps x {spec['batch_size']} x "
-                f"256 tokens = {flops:.1e} FLOPs, {flops / 1e14 / 60:.0f} min at a sustained 100 "
-                f"TFLOP/s (about a tenth of an H100's bf16 peak); stopping at 0.9 shortens it.")
+        return (f"**{size.upper()}-sized** ({what}): {sum(p.exists() for p in paths.values())} "
+                f"of {len(paths)} runs made for this page; the command is {command}." + (
+                    f" Expected time, not measured: at most 6 x 92M parameters x {len(paths)} "
+                    f"runs x {spec['steps']} steps x {spec['batch_size']} x 256 tokens = "
+                    f"{flops:.1e} FLOPs, {flops / 1e14 / 60:.0f} min at a sustained 100 TFLOP/s "
+                    f"(a tenth of an H100's bf16 peak); stopping at 0.9 shortens it."
+                    if size == "gpu" else ""))
     runs = {k: json.loads(p.read_text()) for k, p in paths.items()}
     lines = [f"**{size.upper()}-sized** ({what}; {command}, "
              f"{sum(r['wall_seconds'] for r in runs.values()) / 60:.0f} min of training summed "

@@ -151,6 +151,10 @@ def check_weights(state: dict, cfg: ModelConfig, path) -> None:
                                   f"{tuple(expected[name])}")
         if not bool(torch.isfinite(tensor).all()):
             raise CheckpointError(f"{path}: weight {name} holds NaN or infinite values")
+    tied = ("lm_head.weight", "model.embed_tokens.weight")
+    if cfg.tie_word_embeddings and not torch.equal(state[tied[0]], state[tied[1]]):
+        raise CheckpointError(f"{path}: its config ties the embeddings, but {tied[0]} differs "
+                              f"from {tied[1]}")
 
 
 def check_metadata(metadata: dict, path) -> None:

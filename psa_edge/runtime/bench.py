@@ -296,7 +296,7 @@ def execute(bench: Bench, progress=None) -> dict:
             "target": m.get("target"), "backend": m.get("backend"), "form": m.get("form"),
             "precision": (m.get("quantization") or {}).get("scheme", "fp32"),
             "variant": m.get("variant"), "gamma_k": m.get("gamma_k"),
-            "gamma_q": m.get("gamma_q"), "size_bytes": r.session.manifest["size_bytes"],
+            "gamma_q": m.get("gamma_q"), "size_bytes": m.get("size_bytes"),
             "load_rss_bytes": r.load_rss,
             f"pp{spec.prompt}": {**summarize(pp[i], spec.prompt),
                                  "ttft_ms_mean": 1e3 * statistics.mean(pp[i])},
