@@ -63,6 +63,17 @@ def test_the_checkpoint_records_its_corpus_and_carries_its_tokenizer(text_model,
     assert final["val_perplexity"] > 1 and 0 <= final["copy_accuracy"] <= 1
 
 
+def test_quant_check_scores_a_language_model_by_perplexity(text_model):
+    """A float artifact against its own checkpoint: the text path of quant-check (copy
+    positions come from the inputs) agrees with itself, perplexity ratio 1."""
+    result = cli("quant-check", text_model["checkpoint"], text_model["onnx"], "--samples", "4",
+                 "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads(result.stdout)["metrics"]
+    assert abs(metrics["target_perplexity_ratio"] - 1) < 1e-3
+    assert metrics["accuracy_delta_points"] == 0 and metrics["top1_agreement"] > 0.99
+
+
 @pytest.mark.parametrize("folder", ["onnx", "runner"])
 def test_every_export_writes_a_tokenizer_that_hugging_face_reads_the_same_way(text_model,
                                                                               folder):

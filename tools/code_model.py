@@ -6,7 +6,7 @@ Python standard library of the interpreter that runs psa-edge (no download).
     .venv/bin/python tools/code_model.py report                   # docs/code-model.md, README
 
 `train`: one BPE on the corpus's training split (out/code/tokenizer.json), then `psa-edge train
---text` of the key-only model and of its twin (`--variant baseline`). `variants`: 1- and 2-layer
+--text` of the key-only model and of its twin (`--variant baseline`). `variants`: 1-layer
 baseline, key-only and symmetric models, cached in docs/real-variants/. `report`: the pair
 exported (ONNX, XNNPACK; fp32, int8), quant-checked, benchmarked; both tables written.
 """
@@ -33,7 +33,7 @@ SHIPPED = ["--preset", "psa-4m", "--tie-embeddings", "--seq-len", "256", "--batc
 VARIANT_RUNS = REPO / "docs" / "real-variants"
 VARIANTS = ["--preset", "psa-1m", "--seq-len", "256", "--batch-size", "16", "--lr", "3e-3",
             "--eval-every", "250", "--eval-samples", "128"]
-ROWS = [(v, layers) for layers in (1, 2) for v in ("baseline", "key-only", "symmetric")]
+ROWS = [(v, 1) for v in ("baseline", "key-only", "symmetric")]
 SEEDS = (0, 1)
 
 
@@ -105,7 +105,7 @@ def variant_table() -> tuple[str, str]:
                      f"{mean_std([f['copy_accuracy'] for f in finals])} | "
                      f"{mean_std([f['other_accuracy'] for f in finals])} |")
     device = next(iter(runs.values()))[0]["summary"]["device"]
-    budget = (f"preset `{spec['preset']}` at 1 and 2 layers (hidden 128, 4 heads), BPE "
+    budget = (f"preset `{spec['preset']}` at 1 layer (hidden 128, 4 heads), BPE "
               f"vocabulary {VOCAB}, {spec['steps']} steps of {spec['batch_size']} x "
               f"{spec['task_params']['seq_len']} tokens, lr {spec['lr']}, on {device}; mean ± "
               f"std over seeds {', '.join(map(str, SEEDS))}")

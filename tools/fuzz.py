@@ -91,7 +91,7 @@ sample of the same generator beside the kill -9 tests (tests/test_fuzz.py).
 
 {table(results)}
 
-Failures: {examples}
+Failures (first 10):\n\n{examples}
 
 The first-open check (a child process loads new bytes and compares their self-check
 fingerprint; docs/spec.md §9): wall time of `psa-edge generate --prompt-ids 1 -n 1` on the

@@ -145,7 +145,7 @@ def deep_section(plan: Plan, size: str) -> str:
         flops = 6 * 92e6 * len(paths) * spec["steps"] * spec["batch_size"] * 256
         return (f"**{size.upper()}-sized** ({what}): {sum(p.exists() for p in paths.values())} "
                 f"of {len(paths)} runs made for this page; the command is {command}." + (
-                    f" Expected time, not measured: at most 6 x 92M parameters x {len(paths)} "
+                    f" Expected time, not measured: 6 FLOPs x 92M parameters x {len(paths)} "
                     f"runs x {spec['steps']} steps x {spec['batch_size']} x 256 tokens = "
                     f"{flops:.1e} FLOPs, {flops / 1e14 / 60:.0f} min at a sustained 100 TFLOP/s "
                     f"(a tenth of an H100's bf16 peak); stopping at 0.9 shortens it."

@@ -43,8 +43,10 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def compare(reference: np.ndarray, candidate: np.ndarray, targets: np.ndarray, task) -> dict:
-    """The metrics of the check from logits `[n, T, V]` of both and the task's targets."""
+def compare(reference: np.ndarray, candidate: np.ndarray, targets: np.ndarray, task,
+            inputs: np.ndarray) -> dict:
+    """The metrics of the check from logits `[n, T, V]` of both, the task's targets and the
+    inputs (a text task scores copy positions from them)."""
     ref_pred, cand_pred = reference.argmax(-1), candidate.argmax(-1)
     log_p, log_q = log_softmax(reference.astype(np.float64)), log_softmax(
         candidate.astype(np.float64))
@@ -56,8 +58,8 @@ def compare(reference: np.ndarray, candidate: np.ndarray, targets: np.ndarray, t
     safe = np.where(scored, targets, 0)[..., None]
     nll_ref = -np.take_along_axis(log_p, safe, -1)[..., 0][scored].mean()
     nll_cand = -np.take_along_axis(log_q, safe, -1)[..., 0][scored].mean()
-    acc_ref = task.score(ref_pred, targets)["accuracy"]
-    acc_cand = task.score(cand_pred, targets)["accuracy"]
+    acc_ref = task.score(ref_pred, targets, inputs)["accuracy"]
+    acc_cand = task.score(cand_pred, targets, inputs)["accuracy"]
     return {
         "accuracy_float": acc_ref, "accuracy_artifact": acc_cand,
         "accuracy_delta_points": 100 * (acc_cand - acc_ref),
@@ -142,7 +144,7 @@ def run(plan: Plan, limits: Thresholds = Thresholds(), progress=None) -> dict:
         candidate.append(feed_chunks(session, row, [1] * len(row)))
         if progress is not None:
             progress()
-    metrics = compare(reference, np.stack(candidate), plan.targets, plan.task)
+    metrics = compare(reference, np.stack(candidate), plan.targets, plan.task, plan.inputs)
     language_model = plan.task.name == "text"
     failed = failures(metrics, limits, language_model)
     manifest = plan.manifest
