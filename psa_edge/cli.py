@@ -97,6 +97,9 @@ def train(
                                             "this (e.g. 0.9 to measure steps to 0.9)."),
     tokenizer: Optional[Path] = typer.Option(None, help="Text: use this tokenizer.json instead "
                                              "of training one."),
+    weights_dtype: str = typer.Option("float32", help="Storage precision of the checkpoint's "
+                                      "weights: float32, float16 or bfloat16 (half the "
+                                      "file; the model still computes in float32)."),
 ) -> None:
     """Train a model on an induction task or on text and write a checkpoint (with its
     tokenizer), metrics and a curve."""
@@ -113,7 +116,8 @@ def train(
                      eval_samples=eval_samples, task_params=params,
                      config_overrides=overrides, text=tuple(text or ()),
                      vocab_size=vocab_size, device=resolve_device(device),
-                     compile=compile_model, state_every=state_every, stop_at=stop_at)
+                     compile=compile_model, state_every=state_every, stop_at=stop_at,
+                     weights_dtype=weights_dtype)
     plan = prepare(spec, output, init, resume, tokenizer)
     summary = run_training(plan, command=" ".join(["psa-edge", *sys.argv[1:]]))
     if summary is None:
@@ -177,8 +181,10 @@ def export(
     twin: bool = typer.Option(False, "--twin", help="Export the gamma = 0 twin instead."),
     form: str = typer.Option("explicit-state", help="explicit-state, or runner (ExecuTorch "
                              "LLM-runner form with an in-program cache)."),
-    quantize: Optional[str] = typer.Option(None, help="int8 (static activations, calibrated) "
-                                           "or int8-dynamic; default: fp32."),
+    quantize: Optional[str] = typer.Option(None, help="int8 (static activations, calibrated), "
+                                           "int8-dynamic, or int4 (4-bit weights: blocks of "
+                                           "32 on ONNX, per channel on XNNPACK); default: "
+                                           "fp32."),
     calibration_samples: int = typer.Option(32, min=1, max=100_000,
                                             help="Task sequences for static calibration."),
     calibration_seed: int = typer.Option(0, min=0, max=SEED_MAX,
@@ -255,29 +261,34 @@ def inspect(
         print_inspection(info)
 
 
-@app.command(name="quant-check", short_help="Accuracy of an int8 artifact vs the float model.")
+@app.command(name="quant-check", short_help="Accuracy of a quantized artifact vs the float model.")
 def quant_check_cmd(
     checkpoint: Path = typer.Argument(..., help="model.pt the artifact was exported from"),
-    artifact: Path = typer.Argument(..., help="Artifact folder, int8 or float."),
+    artifact: Path = typer.Argument(..., help="Artifact folder, quantized or float."),
     task: Optional[str] = typer.Option(None, help="Task (default: the checkpoint's own)."),
     samples: int = typer.Option(64, min=1, max=LENGTH_MAX, help="Held-out sequences."),
     seed: int = typer.Option(1234, min=0, max=SEED_MAX, help="Seed of the held-out sample."),
-    max_acc_drop: float = typer.Option(1.0, callback=number(0, 100),
-                                       help="Accuracy points the artifact may lose."),
-    min_top1: float = typer.Option(0.98, callback=number(0, 1),
-                                   help="Minimum top-1 agreement with the reference."),
-    max_ppl_increase: float = typer.Option(0.05, callback=number(0),
-                                           help="Language models: largest relative "
-                                           "increase of the validation perplexity."),
+    max_acc_drop: Optional[float] = typer.Option(None, callback=number(0, 100),
+                                                 help="Accuracy points the artifact may lose "
+                                                 "(default 1)."),
+    min_top1: Optional[float] = typer.Option(None, callback=number(0, 1),
+                                             help="Minimum top-1 agreement with the "
+                                             "reference (default 0.98; int4: 0.90)."),
+    max_ppl_increase: Optional[float] = typer.Option(None, callback=number(0),
+                                                     help="Language models: largest relative "
+                                                     "increase of the validation perplexity "
+                                                     "(default 0.05; int4: 0.10)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Accuracy of an (int8) artifact against the float reference; exit 1 past a threshold."""
+    """Accuracy of an (int8 / int4) artifact against the float reference; exit 1 past a
+    threshold (the defaults depend on the artifact's scheme)."""
     from psa_edge.checks import quant_check
     from psa_edge.display import progress_bar, quant_check_table
 
     plan = quant_check.prepare(checkpoint, artifact, task, samples, seed)
     with progress_bar("quant-check", samples, enabled=not as_json) as advance:
-        limits = quant_check.Thresholds(max_acc_drop, min_top1, max_ppl_increase)
+        limits = quant_check.Thresholds.of(plan.scheme, max_acc_drop=max_acc_drop,
+                                           min_top1=min_top1, max_ppl_increase=max_ppl_increase)
         result = quant_check.run(plan, limits, advance)
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))

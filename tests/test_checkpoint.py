@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import make_model
-from psa_edge.errors import CheckpointError
+from psa_edge.errors import CheckpointError, ConfigError
 from psa_edge.io import manifest_path, sha256_file
 from psa_edge.model.checkpoint import FORMAT_TAG, load_checkpoint, read_checkpoint, save_checkpoint
 
@@ -92,3 +92,33 @@ def test_a_config_that_claims_tied_embeddings_it_does_not_have(tmp_path):
     with pytest.raises(CheckpointError, match="ties the embeddings"):
         load_checkpoint(path)
 
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_storage(tmp_path, dtype):
+    """Weights stored in half precision: the file is about half, tied weights are written once,
+    and the loaded float32 model holds exactly the rounded weights."""
+    from psa_edge.model.transformer import PSATransformer
+
+    model = PSATransformer(make_model().cfg.replace(tie_word_embeddings=True))
+    full, half = tmp_path / "full.pt", tmp_path / "half.pt"
+    save_checkpoint(full, model, {})
+    save_checkpoint(half, model, {}, weights_dtype=dtype)
+    weights = sum(v.numel() for k, v in model.state_dict().items() if k != "lm_head.weight")
+    assert os.path.getsize(full) - os.path.getsize(half) > 0.9 * 2 * weights
+    loaded, _ = load_checkpoint(half)
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert b.dtype == torch.float32
+        assert torch.equal(a.to(getattr(torch, dtype)).float(), b), name
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    import json
+    assert json.loads(manifest_path(half).read_text())["weights_dtype"] == dtype
+
+
+def test_a_weight_that_overflows_float16_is_refused(tmp_path):
+    model = make_model()
+    with torch.no_grad():
+        model.model.norm.weight[0] = 1e6
+    with pytest.raises(ConfigError, match="does not fit in float16"):
+        save_checkpoint(tmp_path / "m.pt", model, {}, weights_dtype="float16")
+    assert not list(tmp_path.iterdir())

@@ -108,6 +108,7 @@ def test_help_names_every_choice_and_cuts_nothing():
     (["--task", "copying"], "unknown task"),
     (["--variant", "baseline", "--gamma", "0.5"], "contradicts variant"),
     (["--variant", "key-only", "--gamma", "0"], "contradicts variant"),
+    (["--weights-dtype", "int8"], "--weights-dtype 'int8': choose one of float32"),
 ])
 def test_train_bad_input(tmp_path, args, message):
     out = tmp_path / "m.pt"
@@ -145,3 +146,6 @@ def test_demo_on_shipped_model():
     result = run("demo")
     assert result.returncode == 0, result.stderr
     assert "held-out" in result.stdout and "token-by-token" in result.stdout
+    # the shipped code model (float16 weights) completes a snippet, speculatively too
+    assert "completes a Python snippet" in result.stdout
+    assert "identical to greedy" in result.stdout.split("13. ")[1]

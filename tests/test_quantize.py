@@ -1,4 +1,4 @@
-"""int8 quantization (docs/spec.md §6): the exporter's int8 builds and `psa-edge quant-check`.
+"""int8 and int4 quantization (docs/spec.md §6): the exporter's builds and `psa-edge quant-check`.
 
 The shipped default model is the subject where accuracy matters (a good and a deliberately
 damaged int8 build); tiny random models cover determinism, delegation, the shear's placement
@@ -24,7 +24,7 @@ from psa_edge.model.checkpoint import save_checkpoint
 from psa_edge.runtime.session import open_session
 
 DEFAULT = REPO / "models" / "psa-default.pt"
-STATIC, DYNAMIC = QuantSpec("int8"), QuantSpec("int8-dynamic")
+STATIC, DYNAMIC, INT4 = QuantSpec("int8"), QuantSpec("int8-dynamic"), QuantSpec("int4")
 TINY_LEN = 48
 
 
@@ -58,12 +58,14 @@ def default_int8(tmp_path_factory, export_pool):
     weights were perturbed before export while its manifest still names the default model."""
     root = tmp_path_factory.mktemp("default-int8")
     out = {"onnx": root / "default-onnx-int8", "xnnpack": root / "default-xnnpack-int8",
+           "int4": root / "default-onnx-int4", "xnnpack-int4": root / "default-xnnpack-int4",
            "damaged": root / "damaged-onnx-int8"}
     from psa_edge.export.pipeline import run_export as export
 
-    futures = [export_pool.submit(export, ExportRequest(DEFAULT, target, out[target],
-                                                        quant=STATIC))
-               for target in ("onnx", "xnnpack")]
+    futures = [export_pool.submit(export, ExportRequest(DEFAULT, target, out[name], quant=spec))
+               for name, target, spec in (("onnx", "onnx", STATIC), ("xnnpack", "xnnpack", STATIC),
+                                          ("int4", "onnx", INT4),
+                                          ("xnnpack-int4", "xnnpack", INT4))]
     transform = pipeline.transform
 
     def damaging_transform(model, req):
@@ -84,17 +86,37 @@ def default_int8(tmp_path_factory, export_pool):
     return out
 
 
-@pytest.mark.parametrize("name", ["onnx", "xnnpack"])
-def test_quant_check_passes_on_the_default_int8_build(default_int8, name):
+@pytest.mark.parametrize("name,scheme,min_top1,size", [("onnx", "int8", 0.98, 0.35),
+                                                      ("xnnpack", "int8", 0.98, 0.35),
+                                                      ("int4", "int4", 0.90, 0.25),
+                                                      ("xnnpack-int4", "int4", 0.90, 0.25)])
+def test_quant_check_passes_on_the_default_quantized_builds(default_int8, name, scheme,
+                                                            min_top1, size):
+    """Each scheme judged by its own default bounds (int4's top-1 floor is lower)."""
     result = cli("quant-check", DEFAULT, default_int8[name], "--samples", "12", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     m = report["metrics"]
-    assert report["passed"] and report["quantization"] == "int8"
-    assert m["top1_agreement"] >= 0.98 and m["accuracy_delta_points"] >= -1.0
+    assert report["passed"] and report["quantization"] == scheme
+    assert report["thresholds"]["min_top1"] == min_top1
+    assert m["top1_agreement"] >= min_top1 and m["accuracy_delta_points"] >= -1.0
     assert 0 <= m["kl_mean"] <= m["kl_p99"] <= m["kl_max"] and m["max_abs_logit_error"] > 0
     manifest = manifest_of(default_int8[name])
-    assert manifest["size_bytes"] <= 0.35 * 2_000_000  # the float artifacts are 2.0-2.1 MB
+    assert manifest["size_bytes"] <= size * 2_000_000  # the float artifacts are 2.0-2.1 MB
+
+
+def test_onnx_int4_is_block_wise_matmulnbits(default_int8):
+    """Every weight MatMul (7 linears + lm_head) became a 4-bit MatMulNBits in blocks of 32;
+    no float weight matrix is left for a linear."""
+    graph = onnx.load(str(model_file(default_int8["int4"]))).graph
+    nbits = [{a.name: a.i for a in n.attribute} for n in graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 7 + 1
+    assert all(a["bits"] == 4 and a["block_size"] == 32 and a["accuracy_level"] == 4
+               for a in nbits)
+    weights = {i.name for i in graph.initializer}
+    assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    record = manifest_of(default_int8["int4"])["quantization"]
+    assert record["scheme"] == "int4" and "blocks of 32" in record["weights"]
 
 
 def test_quant_check_fails_on_a_damaged_build(default_int8):
@@ -130,11 +152,13 @@ def test_int8_keeps_cache_parity_with_its_twin(int8):
         assert a["extra_bytes"] == 2 * 2 * 16 * 4 and b["extra_bytes"] == 0
 
 
-@pytest.mark.parametrize("build,linears", [("default static", 7 + 1), ("tiny dynamic", 2 * 7 + 1)])
+@pytest.mark.parametrize("build,linears", [("default static", 7 + 1), ("default int4", 7 + 1),
+                                           ("tiny dynamic", 2 * 7 + 1)])
 def test_quantized_linears_are_delegated(int8, default_int8, build, linears):
-    """Static int8 on the default model (1 layer), dynamic on the tiny one (2 layers)."""
-    m = manifest_of(default_int8["xnnpack"] if build == "default static"
-                    else int8["xnnpack-dynamic"])
+    """Static int8 and int4 on the default model (1 layer), dynamic on the tiny one (2 layers):
+    every quantized linear runs inside XNNPACK."""
+    m = manifest_of({"default static": default_int8["xnnpack"], "default int4":
+                     default_int8["xnnpack-int4"], "tiny dynamic": int8["xnnpack-dynamic"]}[build])
     assert m["quantization"]["quantized_ops"] == {"linear.default": linears}
     outside = m["delegation"]["ops_outside_delegate"]
     assert all(entry["why"] for entry in outside.values()), outside
@@ -214,8 +238,10 @@ def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("spec,target,message", [
-    (QuantSpec("int4"), "onnx", "unknown quantization"),
+    (QuantSpec("int2"), "onnx", "unknown quantization"),
     (STATIC, "portable", "int8 kernels"),
+    (INT4, "portable", "int4 kernels"),
+    (QuantSpec("int4", keep_shear_fp32=False), "onnx", "dynamic"),
     (QuantSpec("int8", calibration_samples=0), "onnx", "must be positive"),
     (QuantSpec("int8-dynamic", keep_shear_fp32=False), "onnx", "dynamic"),
 ])
@@ -228,7 +254,7 @@ def test_export_int8_bad_input(tiny_checkpoint, tmp_path, spec, target, message)
 def test_export_int8_bad_input_cli(tiny_checkpoint, tmp_path):
     """The CLI's side of the contract: one line on stderr, exit 2, nothing written."""
     result = cli("export", tiny_checkpoint, "-o", tmp_path / "m", "--target", "onnx",
-                 "--quantize", "int4")
+                 "--quantize", "int2")
     assert result.returncode == 2 and "unknown quantization" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
 

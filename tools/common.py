@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,8 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
     if not same:
         run_export(ExportRequest(checkpoint, target, folder, max_seq_len, twin, form, spec))
     return folder
+
+
+def mean_std(values: list[float]) -> str:
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {spread:.3f}"

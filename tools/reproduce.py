@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from common import REPO, machine, write_block, write_doc
+from common import REPO, machine, mean_std, write_block, write_doc
 
 from psa_edge import theory
 
@@ -266,11 +266,6 @@ def variant_results(n_jobs: int, train: bool = False) -> tuple[str, dict]:
     return f"{source}; mean ± std over seeds {', '.join(map(str, TABLE_SEEDS))}", results
 
 
-def mean_std(values: list[float]) -> str:
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.3f} ± {spread:.3f}"
-
-
 def steps_to(run: dict, threshold: float) -> int | None:
     """First evaluated step whose held-out accuracy reached `threshold` (from the run's curve)."""
     return next((row["step"] for row in run["history"] if row["accuracy"] >= threshold), None)
@@ -476,16 +471,12 @@ def main() -> None:
     matplotlib.use("Agg")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--deep", choices=sorted(DEEP), help="train only the deep-model "
-                        "experiment's runs of that size (gpu: psa-92m, cpu: psa-4m)")
-    parser.add_argument("--runs", type=Path, help="where --deep caches its runs (default: the "
-                        "page's runs folder)")
-    parser.add_argument("--steps", type=int, help="--deep: fewer steps than the plan's (a dry "
-                        "run)")
-    parser.add_argument("--throughput", nargs="*", metavar="DEVICE", help="training tokens/s "
-                        "only (docs/training.md): on the CPU, and on the devices named")
-    parser.add_argument("--variants", action="store_true", help="train only the variant table "
-                        "(docs/variants/), write docs/variants.md and its README block")
+    parser.add_argument("--deep", choices=sorted(DEEP), help="only the deep runs of a size")
+    parser.add_argument("--runs", type=Path, help="--deep: its cache (default: the page's)")
+    parser.add_argument("--steps", type=int, help="--deep: fewer steps (a dry run)")
+    parser.add_argument("--throughput", nargs="*", metavar="DEVICE", help="only "
+                        "docs/training.md (tokens/s): the CPU and the DEVICEs named")
+    parser.add_argument("--variants", action="store_true", help="only docs/variants.md")
     args = parser.parse_args()
     plan = PLAN
     if args.throughput is not None:

@@ -116,8 +116,8 @@ class ExecuTorchTarget:
 
     def __init__(self, name: str, delegated: bool):
         self.name, self.delegated = name, delegated
-        # int8 needs a backend with int8 kernels: the portable kernels have none.
-        self.schemes = ("int8", "int8-dynamic") if delegated else ()
+        # quantized builds need a backend with integer kernels: the portable ones have none.
+        self.schemes = ("int8", "int8-dynamic", "int4") if delegated else ()
 
     def trace(self, module, form, cfg, max_len: int) -> dict[str, Traced]:
         return {name: Traced(export_program(module, example.inputs, example.shapes), example)

@@ -23,9 +23,9 @@ class OnnxTarget:
     name = "onnx"
     backend = "onnxruntime"
     forms = ("explicit-state",)
-    schemes = ("int8", "int8-dynamic")
+    schemes = ("int8", "int8-dynamic", "int4")
     activation_dtype = "uint8"  # ONNX Runtime's CPU kernels want U8S8 (quantize.quantize_onnx)
-    tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic)"
+    tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic, MatMulNBits)"
 
     def trace(self, module, form, cfg, max_len: int) -> dict[str, Traced]:
         example = form.methods(cfg, max_len)["forward"]

@@ -1,8 +1,12 @@
-"""int8 quantization: the `quantize` stage of the export pipeline (docs/spec.md §6).
+"""int8 and int4 quantization: the `quantize` stage of the export pipeline (docs/spec.md §6).
 
 Contract:
 - `QuantSpec` names a scheme: `int8` (static activations, calibrated) or `int8-dynamic`
-  (activation scales computed at run time). Weights are int8, per-channel symmetric, in both.
+  (activation scales computed at run time), whose weights are int8, per-channel symmetric; or
+  `int4`, 4-bit symmetric weights with int8 activations computed at run time: on ONNX in
+  blocks of INT4_BLOCK along the input dimension, one scale per block (ONNX Runtime's
+  MatMulNBits, accuracy level 4: the kernel quantizes the activations per block); on XNNPACK
+  one scale per output channel (8da4w with one group per row: XNNPACK's QD8-F32-QC4W kernels).
 - What is quantized: every linear (q/k/v/o, the SwiGLU MLP, lm_head). Optionally (static only)
   the shear's Sub/Mul/Add, when `keep_shear_fp32` is False. Everything else stays fp32: RMSNorm,
   RoPE, the attention matmuls, softmax and the mask, and the state tensors at the graph's
@@ -18,7 +22,7 @@ Contract:
   whose shear shifts are first reattached as `ops.previous` (`reattach_shifts`), so the S = 1
   `decode` method needs no op for them, as in fp32.
   ONNX: ONNX Runtime's `quant_pre_process`, then QDQ `quantize_static` with a calibration
-  reader, or `quantize_dynamic`.
+  reader, `quantize_dynamic`, or (int4) `MatMulNBitsQuantizer`.
 - `summary` of each returns the manifest's `quantization` record: scheme, calibration set,
   quantized and float op histograms.
 """
@@ -36,7 +40,9 @@ import torch
 from psa_edge.errors import ExportError
 from psa_edge.export import quiet
 
-SCHEMES = ("int8", "int8-dynamic")
+SCHEMES = ("int8", "int8-dynamic", "int4")
+# llama.cpp's Q4_0 block: the int4 builds compare like for like with its GGUF (docs/benchmarks.md)
+INT4_BLOCK = 32
 CALIBRATION_SEED_BASE = 0x0CA1  # calibration draws never reuse the trainer's batch seeds
 aten = torch.ops.aten
 
@@ -58,13 +64,14 @@ def check_spec(spec: QuantSpec, target_schemes: tuple[str, ...]) -> None:
         raise ExportError(f"unknown quantization {spec.scheme!r}; choose one of "
                           f"{', '.join(SCHEMES)}")
     if spec.scheme not in target_schemes:
-        raise ExportError("int8 needs a backend with int8 kernels; use --target xnnpack or onnx")
+        raise ExportError(f"{spec.scheme} needs a backend with {spec.scheme.split('-')[0]} "
+                          f"kernels; use --target xnnpack or onnx")
     if spec.static and spec.calibration_samples < 1:
         raise ExportError(f"--calibration-samples must be positive, got "
                           f"{spec.calibration_samples}")
     if not spec.static and not spec.keep_shear_fp32:
-        raise ExportError("int8-dynamic quantizes linears only; the shear cannot be quantized "
-                          "with dynamic activations (drop --quantize-shear)")
+        raise ExportError(f"{spec.scheme} quantizes linears only; the shear cannot be quantized "
+                          f"with dynamic activations (drop --quantize-shear)")
 
 
 def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
@@ -87,13 +94,18 @@ def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
 def activations(spec: QuantSpec, dtype: str) -> str:
     """How the linears' input activations are quantized (the manifest's record). ONNX Runtime's
     CPU kernels want them as uint8, ExecuTorch's XNNPACK quantizer makes int8."""
+    if spec.scheme == "int4" and dtype == "uint8":  # ONNX Runtime's MatMulNBits
+        return f"int8 per block of {INT4_BLOCK}, dynamic (inside MatMulNBits)"
     return (f"{dtype} per-tensor, static (calibrated)" if spec.static
             else f"{dtype}, dynamic (scales computed per call)")
 
 
 def calibration_record(task_dict: dict | None, tokens: np.ndarray | None, spec: QuantSpec,
                        tool: str, activation_dtype: str) -> dict:
-    record = {"scheme": spec.scheme, "tool": tool, "weights": "int8 per-channel symmetric",
+    weights = ("int8 per-channel symmetric" if spec.scheme != "int4" else
+               f"int4 symmetric, blocks of {INT4_BLOCK} along the input, one scale each"
+               if activation_dtype == "uint8" else "int4 per-channel symmetric")
+    record = {"scheme": spec.scheme, "tool": tool, "weights": weights,
               "activations": activations(spec, activation_dtype),
               "keep_shear_fp32": spec.keep_shear_fp32, "calibration": None}
     if tokens is not None:
@@ -182,7 +194,12 @@ def quantize_pt2e(program: torch.export.ExportedProgram, spec: QuantSpec,
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer.composable_quantizer import ComposableQuantizer
 
-    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=not spec.static)
+    # int4: 4-bit weights per output channel ([-8, 7]) with dynamic int8 activations, which
+    # XNNPACK runs as its QD8-F32-QC4W kernels (ExecuTorch 1.4.1's XNNPACKQuantizer has no
+    # per-group weights; torchao's group-wise 8da4w is a source transform before export)
+    bits = {"weight_qmin": -8, "weight_qmax": 7} if spec.scheme == "int4" else {}
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=not spec.static,
+                                               **bits)
     quantizers = [XNNPACKQuantizer().set_operator_type(aten.linear.default, config)]
     if not spec.keep_shear_fp32:
         quantizers.append(make_shear_quantizer(config.input_activation))
@@ -278,6 +295,20 @@ def onnx_shear_nodes(model) -> list[str]:
     return names
 
 
+def int4_matmuls(model, names: list[str]):
+    """The quantizer after replacing the MatMuls `names` by MatMulNBits (4-bit, INT4_BLOCK)."""
+    import logging
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger(MatMulNBitsQuantizer.__module__).setLevel(logging.WARNING)  # per node
+    # accuracy level 4: int8 activations inside the kernel, its fast path on x86 and ARM
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=INT4_BLOCK, is_symmetric=True,
+                                     accuracy_level=4, nodes_to_include=names)
+    quantizer.process()
+    return quantizer.model
+
+
 def quantize_onnx(model_proto, spec: QuantSpec, calibration_feeds: list[dict]) -> tuple:
     """(quantized ModelProto, op histograms) after ONNX Runtime's pre-processing.
     `calibration_feeds` are the input dicts of the calibration reader (static only)."""
@@ -300,10 +331,13 @@ def quantize_onnx(model_proto, spec: QuantSpec, calibration_feeds: list[dict]) -
         prepared = onnx.load(str(pre))
         targets = onnx_weight_matmuls(prepared)
         shear = [] if spec.keep_shear_fp32 else onnx_shear_nodes(prepared)
+        kinds = {n.name: n.op_type for n in prepared.graph.node}  # before int4 edits it
         common = dict(per_channel=True, weight_type=QuantType.QInt8,
                       nodes_to_quantize=targets + shear,
                       op_types_to_quantize=["MatMul"] + (["Sub", "Mul", "Add"] if shear else []))
-        if spec.static:
+        if spec.scheme == "int4":
+            int4_matmuls(prepared, targets).save_model_to_file(str(out))
+        elif spec.static:
             # Asymmetric activations, MinMax ranges, stored as uint8 (ONNX Runtime's U8S8, its
             # default; the same 256 levels as asymmetric int8, and the same quant-check numbers
             # on the default model). ORT's CPU provider fuses DQ -> MatMul -> Q into
@@ -317,7 +351,6 @@ def quantize_onnx(model_proto, spec: QuantSpec, calibration_feeds: list[dict]) -
         else:
             quantize_dynamic(str(pre), str(out), **common)
         quantized = onnx.load(str(out))
-    kinds = {n.name: n.op_type for n in prepared.graph.node}
     chosen = set(targets + shear)
     ops = {"quantized_ops": histogram(kinds[n] for n in chosen),
            "float_ops": histogram(t for n, t in kinds.items() if n not in chosen)}

@@ -1,7 +1,8 @@
 """The `model.pt` checkpoint format (docs/spec.md §8).
 
 A checkpoint is a dict of plain data: `format` (FORMAT_TAG), `version`, `config` (ModelConfig
-dict), `state_dict` (str -> tensor, LlamaForCausalLM names), `tokenizer` (the model's
+dict), `state_dict` (str -> tensor, LlamaForCausalLM names; float32, or float16 / bfloat16
+when written with `weights_dtype`, loaded into a float32 model), `tokenizer` (the model's
 tokenizer.json as text; version 2 on) and `metadata` (task, training arguments and results). It
 is read with `torch.load(weights_only=True)` only, so a pickle that carries code is refused,
 never run. Writing is atomic and leaves `model.pt.json`, its manifest, beside it: both (and any
@@ -36,6 +37,9 @@ FORMAT_TAG = "psa-edge-checkpoint"
 STATE_TAG = "psa-edge-train-state"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
+# Storage precisions of the weights: float16 halves a shipped file (models/psa-code.pt) at a
+# relative rounding of at most 2^-11 per weight; its effect on perplexity: docs/code-model.md.
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def tokenizer_of(model: PSATransformer) -> Tokenizer:
@@ -48,15 +52,31 @@ def serialized(payload: dict) -> bytes:
     return buffer.getvalue()
 
 
+def stored_weights(model: PSATransformer, dtype: str = "float32") -> dict:
+    """The state dict as written: on the CPU in `dtype`, tied weights still one tensor (which
+    torch.save then writes once)."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ConfigError(f"weights dtype {dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+    cast: dict = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key not in cast:
+            cast[key] = tensor.detach().cpu().to(getattr(torch, dtype))
+            if not bool(torch.isfinite(cast[key]).all()):
+                raise ConfigError(f"weight {name} does not fit in {dtype} (it overflows)")
+    return {name: cast[(t.data_ptr(), tuple(t.shape))] for name, t in model.state_dict().items()}
+
+
 def save_checkpoint(path: str | os.PathLike, model: PSATransformer, metadata: dict,
-                    sidecars: dict | None = None) -> dict:
-    """Write the checkpoint, its manifest and `sidecars` ({path: bytes}) all or none."""
+                    sidecars: dict | None = None, weights_dtype: str = "float32") -> dict:
+    """Write the checkpoint, its manifest and `sidecars` ({path: bytes}) all or none; the
+    weights stored in `weights_dtype` (the model computes in float32 whatever they are
+    stored in)."""
     payload = {
         "format": FORMAT_TAG,
         "version": FORMAT_VERSION,
         "config": model.cfg.to_dict(),
-        # detach().cpu() keeps tied weights one storage, which torch.save writes once
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "state_dict": stored_weights(model, weights_dtype),
         "tokenizer": tokenizer_of(model).json,
         "metadata": metadata,
     }
@@ -64,7 +84,8 @@ def save_checkpoint(path: str | os.PathLike, model: PSATransformer, metadata: di
     manifest = {"kind": "checkpoint", "artifact": Path(path).name,
                 "artifact_sha256": sha256_bytes(data), "config": model.cfg.to_dict(),
                 "gamma_q": model.cfg.gamma_q, "gamma_k": model.cfg.gamma_k,
-                "variant": model.cfg.variant, "versions": versions(), "metadata": metadata}
+                "variant": model.cfg.variant, "weights_dtype": weights_dtype,
+                "versions": versions(), "metadata": metadata}
     files = {**(sidecars or {}), manifest_path(path): dumps(manifest).encode(), Path(path): data}
     with atomic_outputs(*files) as temps:
         for tmp, content in zip(temps, files.values()):

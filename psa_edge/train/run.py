@@ -21,7 +21,8 @@ from pathlib import Path
 
 from psa_edge.errors import ConfigError, TaskError
 from psa_edge.io import check_output, manifest_path, refuse_overlap, sha256_file
-from psa_edge.model.checkpoint import load_checkpoint, read_state, save_checkpoint, save_state
+from psa_edge.model.checkpoint import (WEIGHT_DTYPES, load_checkpoint, read_state,
+                                       save_checkpoint, save_state)
 from psa_edge.tasks import EVAL_SEED, get_task, task_from_dict
 from psa_edge.tokenizer import Tokenizer
 from psa_edge.train.trainer import Replica, TrainSpec, build_model, evaluate, train
@@ -84,6 +85,9 @@ def shared(make, device: str):
 def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
             resume: Path | None = None, tokenizer: Path | None = None) -> Plan:
     output = Path(output)
+    if spec.weights_dtype not in WEIGHT_DTYPES:  # refused now, not after the training
+        raise ConfigError(f"--weights-dtype {spec.weights_dtype!r}: choose one of "
+                          f"{', '.join(WEIGHT_DTYPES)}")
     for path in outputs_of(output):
         check_output(path)
     refuse_overlap(outputs_of(output)[:-1], [init, resume, tokenizer])
@@ -165,7 +169,8 @@ def run_training(plan: Plan, command: str = "", progress: bool = True) -> dict |
     metrics = "".join(json.dumps(row, sort_keys=True) + "\n" for row in result.history)
     save_checkpoint(output, result.model, metadata, sidecars={
         sidecar(output, ".metrics.jsonl"): metrics.encode(),
-        sidecar(output, ".curve.png"): curve_png(result.history, result.task, spec)})
+        sidecar(output, ".curve.png"): curve_png(result.history, result.task, spec)},
+        weights_dtype=spec.weights_dtype)
     return summary
 
 

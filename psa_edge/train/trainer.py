@@ -63,6 +63,7 @@ class TrainSpec:
     compile: bool = False
     state_every: int = 0              # steps between resumable states (0: none)
     stop_at: float | None = None      # stop once the held-out accuracy reaches this
+    weights_dtype: str = "float32"    # storage precision of the written checkpoint's weights
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
