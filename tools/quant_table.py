@@ -1,6 +1,6 @@
 """The quantization table of the README and docs/quantization.md: the default model and its twin,
-fp32, int8 (static, dynamic) for XNNPACK and ONNX Runtime and int4 for ONNX Runtime, each build
-checked by `psa-edge quant-check`; and the measurement behind `--keep-shear-fp32`.
+fp32, int8 (static, dynamic) and int4 for XNNPACK and ONNX Runtime, each build checked by
+`psa-edge quant-check`; and the measurement behind `--keep-shear-fp32`.
 
     .venv/bin/python tools/quant_table.py               # about 10 minutes on 2 cores
     .venv/bin/python tools/quant_table.py --samples 32  # quicker, noisier
