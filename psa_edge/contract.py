@@ -22,7 +22,6 @@ Forms:
 from __future__ import annotations
 
 import math
-
 import os
 from dataclasses import dataclass
 from functools import cached_property

@@ -112,7 +112,7 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
                 and m["twin"] == twin and m["form"] == form
                 and (max_seq_len is None or m["max_seq_len"] == max_seq_len)
                 and (m["quantization"] or {}).get("activations") == (
-                    spec and activations(spec, TARGETS[target].activation_dtype)))
+                    spec and activations(spec, TARGETS[target])))
     except (PsaEdgeError, KeyError):
         same = False
     if not same:

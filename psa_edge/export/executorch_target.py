@@ -112,6 +112,8 @@ class ExecuTorchTarget:
     backend = "executorch"
     forms = ("explicit-state", "runner")
     activation_dtype = "int8"
+    int4_weights = "int4 per-channel symmetric"  # XNNPACKQuantizer has no per-group weights
+    int4_activations = "int8, dynamic (scales computed per call)"
     tool = "torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer"
 
     def __init__(self, name: str, delegated: bool):

@@ -25,6 +25,8 @@ class OnnxTarget:
     forms = ("explicit-state",)
     schemes = ("int8", "int8-dynamic", "int4")
     activation_dtype = "uint8"  # ONNX Runtime's CPU kernels want U8S8 (quantize.quantize_onnx)
+    int4_weights = f"int4 symmetric, blocks of {q.INT4_BLOCK} along the input, one scale each"
+    int4_activations = f"int8 per block of {q.INT4_BLOCK}, dynamic (inside MatMulNBits)"
     tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic, MatMulNBits)"
 
     def trace(self, module, form, cfg, max_len: int) -> dict[str, Traced]:

@@ -121,8 +121,7 @@ def quantize(exported: Exported, model: PSATransformer, source: dict, req: Expor
                                    model.tokenizer) if spec.static else None)
     rows = [] if tokens is None else list(tokens)
     quantized, ops = target.quantize(exported, form, model.cfg, length, spec, rows)
-    record = q.calibration_record(source["task"], tokens, spec, target.tool,
-                                  target.activation_dtype)
+    record = q.calibration_record(source["task"], tokens, spec, target)
     return quantized, {**record, **ops}
 
 

@@ -91,22 +91,22 @@ def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
     return tokens[:, :max_len]
 
 
-def activations(spec: QuantSpec, dtype: str) -> str:
+def activations(spec: QuantSpec, target) -> str:
     """How the linears' input activations are quantized (the manifest's record). ONNX Runtime's
-    CPU kernels want them as uint8, ExecuTorch's XNNPACK quantizer makes int8."""
-    if spec.scheme == "int4" and dtype == "uint8":  # ONNX Runtime's MatMulNBits
-        return f"int8 per block of {INT4_BLOCK}, dynamic (inside MatMulNBits)"
+    CPU kernels want them as uint8, ExecuTorch's XNNPACK quantizer makes int8; each target
+    describes its own int4 layout."""
+    if spec.scheme == "int4":
+        return target.int4_activations
+    dtype = target.activation_dtype
     return (f"{dtype} per-tensor, static (calibrated)" if spec.static
             else f"{dtype}, dynamic (scales computed per call)")
 
 
 def calibration_record(task_dict: dict | None, tokens: np.ndarray | None, spec: QuantSpec,
-                       tool: str, activation_dtype: str) -> dict:
-    weights = ("int8 per-channel symmetric" if spec.scheme != "int4" else
-               f"int4 symmetric, blocks of {INT4_BLOCK} along the input, one scale each"
-               if activation_dtype == "uint8" else "int4 per-channel symmetric")
-    record = {"scheme": spec.scheme, "tool": tool, "weights": weights,
-              "activations": activations(spec, activation_dtype),
+                       target) -> dict:
+    weights = target.int4_weights if spec.scheme == "int4" else "int8 per-channel symmetric"
+    record = {"scheme": spec.scheme, "tool": target.tool, "weights": weights,
+              "activations": activations(spec, target),
               "keep_shear_fp32": spec.keep_shear_fp32, "calibration": None}
     if tokens is not None:
         record["calibration"] = {
