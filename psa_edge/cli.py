@@ -179,10 +179,12 @@ def export(
                                               help="Longest sequence the artifact takes "
                                               "(default: the model's max_position_embeddings)."),
     twin: bool = typer.Option(False, "--twin", help="Export the gamma = 0 twin instead."),
-    form: str = typer.Option("explicit-state", help="explicit-state, or runner (ExecuTorch "
-                             "LLM-runner form with an in-program cache)."),
+    form: str = typer.Option("explicit-state", help="explicit-state; runner (ExecuTorch "
+                             "LLM-runner form with an in-program cache); or fused (ONNX "
+                             "Runtime's fused attention over static in-place caches)."),
     quantize: Optional[str] = typer.Option(None, help="int8 (static activations, calibrated), "
-                                           "int8-dynamic, or int4 (4-bit weights: blocks of "
+                                           "int8-dynamic, int8-block (ONNX: 8-bit weights in "
+                                           "blocks of 32), or int4 (4-bit weights: blocks of "
                                            "32 on ONNX, per channel on XNNPACK); default: "
                                            "fp32."),
     calibration_samples: int = typer.Option(32, min=1, max=100_000,
@@ -302,7 +304,7 @@ def quant_check_cmd(
 
 @app.command(short_help="Generate tokens, plainly or speculatively.")
 def generate(
-    artifact: Path = typer.Argument(..., help="Artifact folder (either form), or a model.pt "
+    artifact: Path = typer.Argument(..., help="Artifact folder (any form), or a model.pt "
                                     "(its float reference)."),
     prompt: Optional[str] = typer.Option(None, help="Prompt text (the model's own tokenizer)."),
     prompt_file: Optional[Path] = typer.Option(None, help="Prompt text from a file."),
@@ -340,7 +342,7 @@ def generate(
 
 @app.command(short_help="Check cache parity, reuse, rollback, speculation.")
 def verify(
-    artifact: Path = typer.Argument(..., help="Artifact folder (either form)."),
+    artifact: Path = typer.Argument(..., help="Artifact folder (any form)."),
     reference: Optional[Path] = typer.Option(None, help="Float reference model.pt (default: "
                                              "the checkpoint the manifest names)."),
     twin: Optional[Path] = typer.Option(None, help="The gamma = 0 twin artifact, for the "
@@ -363,7 +365,7 @@ def verify(
 
 @app.command(short_help="Prefill and decode tokens/s, PSA vs its twin.")
 def bench(
-    artifact: Path = typer.Argument(..., help="Artifact folder (either form)."),
+    artifact: Path = typer.Argument(..., help="Artifact folder (any form)."),
     vs: Optional[Path] = typer.Option(
         None, "--vs", help="The gamma = 0 twin: run interleaved, both opened afresh every "
         "repetition; PSA/twin ratios with their 95% interval."),
@@ -378,6 +380,8 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", min=1, max=THREADS_MAX,
                                           help="Backend threads."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of tokens/s."),
+    profile: bool = typer.Option(False, "--profile", help="ONNX Runtime: where a decoded "
+                                 "token's time goes (-p context, -n tokens), per operator."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table."),
 ) -> None:
@@ -385,6 +389,14 @@ def bench(
     from psa_edge.display import bench_tables, progress_bar
     from psa_edge.io import check_output, refuse_overlap
     from psa_edge.runtime.bench import BenchSpec, dumps, execute, prepare_bench
+
+    if profile:
+        from psa_edge.display import profile_table
+        from psa_edge.runtime.profile import profile_decode
+
+        report = profile_decode(artifact, BenchSpec(prompt, gen, 1, 0, threads))
+        typer.echo(dumps(report)) if as_json else profile_table(report)
+        return
 
     if plot is not None:
         check_output(plot)

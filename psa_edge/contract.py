@@ -36,7 +36,7 @@ State = dict[str, np.ndarray]
 CACHE_FIELDS = ("key", "value")
 # Each slot and the raw stream it is read from: the last row of the chunk's raw stream.
 RAW_OF_SLOT = {"prev_key": "raw_key", "prev_query": "raw_query"}
-FORMS = ("explicit-state", "runner")
+FORMS = ("explicit-state", "runner", "fused")
 # Target -> backend that runs it, and the model file inside the artifact folder.
 BACKENDS = {"onnx": "onnxruntime", "xnnpack": "executorch", "portable": "executorch"}
 MODEL_FILES = {"onnx": "model.onnx", "xnnpack": "model.pte", "portable": "model.pte"}
@@ -207,7 +207,8 @@ class GraphIO:
     def input_names(self) -> tuple[str, ...]:
         if self.form == "runner":
             return ("tokens", "input_pos")
-        return ("input_ids",) + tuple(name for _, name in self.state_io)
+        position = ("input_pos",) if self.form == "fused" else ()
+        return ("input_ids",) + position + tuple(name for _, name in self.state_io)
 
     @cached_property
     def output_names(self) -> tuple[str, ...]:
@@ -241,7 +242,11 @@ class GraphIO:
 
     @cached_property
     def raw_io(self) -> tuple[tuple[str, str], ...]:
-        """(raw stream, graph output name)."""
+        """(raw stream, graph output name): stacked streams; in the fused form, one per layer
+        ("{layer}.{stream}")."""
+        if self.form == "fused":
+            return tuple((f"{i}.{f}", f"present.{i}.{f}") for i in range(self.num_layers)
+                         for f in self.raw_fields)
         return tuple((f, f"present.{f}") for f in self.raw_fields)
 
     # -- shapes ---------------------------------------------------------------------------------
@@ -249,8 +254,15 @@ class GraphIO:
     def heads(self, field: str) -> int:
         return self.num_heads if field.endswith("query") else self.num_kv_heads
 
-    def shape(self, field: str, length: int) -> tuple[int, int, int, int]:
-        """Shape of a state tensor after `length` positions (caches grow, slots do not)."""
+    def shape(self, field: str, length: int) -> tuple[int, ...]:
+        """Shape of a state tensor after `length` positions (caches grow, slots do not). The
+        fused form's caches are static and its slots and raw streams are `[1, S, heads dh]`,
+        the layout of its attention inputs."""
+        if self.form == "fused":
+            if field in CACHE_FIELDS:
+                return (1, self.num_kv_heads, self.max_seq_len, self.head_dim)
+            return (1, length if field.startswith("raw") else 1,
+                    self.heads(field) * self.head_dim)
         return (1, self.heads(field), length if field in CACHE_FIELDS else 1, self.head_dim)
 
     @cached_property
@@ -273,19 +285,39 @@ class GraphIO:
         """Bytes of the state after `length` positions: the KV cache (which must equal the
         gamma = 0 twin's) and what PSA adds beside it, constant in length."""
         per_position = self.num_layers * len(CACHE_FIELDS) * self.num_kv_heads * self.head_dim
-        if self.form == "runner":  # static: the whole cache exists from the start
-            extra = sum(int(np.prod(s)) for n, s in self.buffers.items() if n.startswith("raw"))
-            return {"kv_cache_bytes": FLOAT_BYTES * per_position * self.max_seq_len,
-                    "extra_bytes": FLOAT_BYTES * extra}
         extra = sum(int(np.prod(self.shape(k.split(".")[1], 1))) for k in self.slot_keys)
+        if self.form == "runner":
+            extra = sum(int(np.prod(s)) for n, s in self.buffers.items() if n.startswith("raw"))
+        if self.form in ("runner", "fused"):  # static: the whole cache exists from the start
+            length = self.max_seq_len
         return {"kv_cache_bytes": FLOAT_BYTES * per_position * length,
                 "extra_bytes": FLOAT_BYTES * extra}
+
+    def typed_inputs(self) -> list[tuple[str, int, list]]:
+        """(name, ONNX element type, shape with dim names) of the fused form's inputs."""
+        int64, float32 = 7, 1  # onnx.TensorProto.INT64, FLOAT
+        state = [(name, float32, list(self.shape(key.split(".")[1], 1)))
+                 for key, name in self.state_io]
+        return [("input_ids", int64, [1, "seq_len"]), ("input_pos", int64, [1])] + state
+
+    def typed_outputs(self) -> list[tuple[str, list]]:
+        """(name, shape with dim names) of the fused form's (float) outputs."""
+        caches = [(name, list(self.shape(key.split(".")[1], 0)))
+                  for key, _, name in self.cache_io]
+        raw = [(name, [1, "seq_len", self.heads(stream) * self.head_dim])
+               for stream, name in self.raw_io]
+        return [("logits", [1, "seq_len", self.vocab_size])] + caches + raw
 
     def patterns(self) -> tuple[list[tuple], list[tuple]]:
         """The shape of every input and output, None where a dim is dynamic (chunk or past
         length): what the graph a manifest describes must have."""
         if self.form == "runner":
             return [(1, None), (1,)], [(1, None, self.vocab_size)]
+        if self.form == "fused":
+            unnamed = lambda shape: tuple(d if isinstance(d, int) else None  # noqa: E731
+                                          for d in shape)
+            return ([unnamed(s) for _, _, s in self.typed_inputs()],
+                    [unnamed(s) for _, s in self.typed_outputs()])
         dh = self.head_dim
         state = [(1, self.heads(f), None if f in CACHE_FIELDS else 1, dh)
                  for _, name in self.state_io for f in [name.rsplit(".", 1)[1]]]
@@ -317,6 +349,9 @@ class GraphIO:
         if self.form == "runner":
             block.update(buffers={k: list(v) for k, v in self.buffers.items()},
                          window=self.window)
+        elif self.form == "fused":
+            block.update(state_fields=list(self.state_fields), raw_fields=list(self.raw_fields),
+                         static_cache=list(self.shape("key", 0)))
         else:
             block.update(state_fields=list(self.state_fields), raw_fields=list(self.raw_fields))
         return block
@@ -364,6 +399,10 @@ def check_manifest(manifest, where: str) -> None:
 
 def slots_from(raw: State, io: GraphIO, row: int = -1) -> State:
     """The slots after position `row` of a chunk (default its last, the next slots): that row
-    of each layer's part of the stacked raw streams, `[1, H, 1, d]`."""
+    of each layer's part of the stacked raw streams, `[1, H, 1, d]` (fused form: that row of
+    the layer's own stream, `[1, 1, H d]`)."""
+    if io.form == "fused":
+        return {key: np.ascontiguousarray(raw[f"{layer}.{stream}"][:, row, None])
+                for key, stream, layer in io.slot_io}
     return {key: np.ascontiguousarray(raw[stream][layer:layer + 1, :, row, None])
             for key, stream, layer in io.slot_io}

@@ -144,6 +144,23 @@ def bench_tables(report: dict, markdown: bool = False) -> None:
     console.print(machine)
 
 
+def profile_table(report: dict) -> None:
+    """`bench --profile`: microseconds per decoded token, per operator type, and outside."""
+    console = make_console()
+    table = Table("operator", "us / token", "share of the ORT run",
+                  title=f"psa-edge bench --profile: {report['artifact']} ({report['form']}, "
+                        f"{report['precision']}), {report['decode_tokens']} tokens after "
+                        f"{report['context']}")
+    run = report["ort_run_us_per_token"]
+    for op, us in report["kernel_us_per_token"].items():
+        table.add_row(op, f"{us:.1f}", f"{100 * us / run:.1f}%")
+    console.print(table)
+    console.print(f"per token: feed {report['wall_us_per_token']:.0f} us = ONNX Runtime run "
+                  f"{run:.0f} us + outside it {report['outside_ort_us_per_token']:.0f} us; "
+                  f"{report['nodes_per_token']:.0f} nodes (kernel times include the "
+                  f"profiler's own cost)")
+
+
 def bench_plot(reports: list[dict], path) -> None:
     """Grouped bars: tokens/s of each test per backend and precision, PSA beside its twin."""
     import matplotlib

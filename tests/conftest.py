@@ -50,6 +50,8 @@ CASES = {  # name -> (variant, target, twin, form)
     "portable": ("key-only", "portable", False, "explicit-state"),
     "runner": ("key-only", "xnnpack", False, "runner"),
     "runner-twin": ("key-only", "xnnpack", True, "runner"),
+    "fused": ("symmetric", "onnx", False, "fused"),
+    "fused-twin": ("symmetric", "onnx", True, "fused"),
 }
 
 

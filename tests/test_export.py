@@ -323,6 +323,9 @@ def test_bench_refuses_a_manifest_without_a_field_it_reports(artifacts, tmp_path
     (["--target", "tflite"], "unknown target"),
     (["--max-seq-len", "8"], "below the parity probe length"),
     (["--target", "onnx", "--form", "runner"], "runner form"),
+    (["--target", "xnnpack", "--form", "fused"], "use --target onnx"),
+    (["--target", "onnx", "--form", "fused", "--quantize", "int8"], "the fused form takes"),
+    (["--target", "xnnpack", "--quantize", "int8-block"], "use --target onnx"),
 ])
 def test_export_bad_input(checkpoints, tmp_path, args, message):
     out = tmp_path / "out"

@@ -59,13 +59,19 @@ def default_int8(tmp_path_factory, export_pool):
     root = tmp_path_factory.mktemp("default-int8")
     out = {"onnx": root / "default-onnx-int8", "xnnpack": root / "default-xnnpack-int8",
            "int4": root / "default-onnx-int4", "xnnpack-int4": root / "default-xnnpack-int4",
-           "damaged": root / "damaged-onnx-int8"}
+           "int8-block": root / "default-onnx-int8-block",
+           "fused-int4": root / "default-onnx-int4-fused", "damaged": root / "damaged-onnx-int8"}
     from psa_edge.export.pipeline import run_export as export
 
-    futures = [export_pool.submit(export, ExportRequest(DEFAULT, target, out[name], quant=spec))
-               for name, target, spec in (("onnx", "onnx", STATIC), ("xnnpack", "xnnpack", STATIC),
-                                          ("int4", "onnx", INT4),
-                                          ("xnnpack-int4", "xnnpack", INT4))]
+    futures = [export_pool.submit(export, ExportRequest(DEFAULT, target, out[name], form=form,
+                                                        quant=spec))
+               for name, target, spec, form in (
+                   ("onnx", "onnx", STATIC, "explicit-state"),
+                   ("xnnpack", "xnnpack", STATIC, "explicit-state"),
+                   ("int4", "onnx", INT4, "explicit-state"),
+                   ("xnnpack-int4", "xnnpack", INT4, "explicit-state"),
+                   ("int8-block", "onnx", QuantSpec("int8-block"), "explicit-state"),
+                   ("fused-int4", "onnx", INT4, "fused"))]
     transform = pipeline.transform
 
     def damaging_transform(model, req):
@@ -89,7 +95,10 @@ def default_int8(tmp_path_factory, export_pool):
 @pytest.mark.parametrize("name,scheme,min_top1,size", [("onnx", "int8", 0.98, 0.35),
                                                       ("xnnpack", "int8", 0.98, 0.35),
                                                       ("int4", "int4", 0.90, 0.25),
-                                                      ("xnnpack-int4", "int4", 0.90, 0.25)])
+                                                      ("xnnpack-int4", "int4", 0.90, 0.25),
+                                                      ("fused-int4", "int4", 0.90, 0.25),
+                                                      ("int8-block", "int8-block", 0.98,
+                                                       0.40)])
 def test_quant_check_passes_on_the_default_quantized_builds(default_int8, name, scheme,
                                                             min_top1, size):
     """Each scheme judged by its own default bounds (int4's top-1 floor is lower)."""
@@ -105,18 +114,22 @@ def test_quant_check_passes_on_the_default_quantized_builds(default_int8, name, 
     assert manifest["size_bytes"] <= size * 2_000_000  # the float artifacts are 2.0-2.1 MB
 
 
-def test_onnx_int4_is_block_wise_matmulnbits(default_int8):
-    """Every weight MatMul (7 linears + lm_head) became a 4-bit MatMulNBits in blocks of 32;
+@pytest.mark.parametrize("name,bits,linears", [("int4", 4, 7), ("int8-block", 8, 7),
+                                                ("fused-int4", 4, 4)])
+def test_onnx_block_schemes_are_block_wise_matmulnbits(default_int8, name, bits, linears):
+    """Every weight MatMul (the layer's linears + lm_head; the fused form has q/k/v and
+    gate/up as one MatMul each) became a MatMulNBits of the scheme's bits in blocks of 32;
     no float weight matrix is left for a linear."""
-    graph = onnx.load(str(model_file(default_int8["int4"]))).graph
+    graph = onnx.load(str(model_file(default_int8[name]))).graph
     nbits = [{a.name: a.i for a in n.attribute} for n in graph.node if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 7 + 1
-    assert all(a["bits"] == 4 and a["block_size"] == 32 and a["accuracy_level"] == 4
+    assert len(nbits) == linears + 1
+    assert all(a["bits"] == bits and a["block_size"] == 32 and a["accuracy_level"] == 4
                for a in nbits)
     weights = {i.name for i in graph.initializer}
     assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
-    record = manifest_of(default_int8["int4"])["quantization"]
-    assert record["scheme"] == "int4" and "blocks of 32" in record["weights"]
+    record = manifest_of(default_int8[name])["quantization"]
+    assert record["scheme"] == ("int8-block" if bits == 8 else "int4")
+    assert f"int{bits} symmetric, blocks of 32" in record["weights"]
 
 
 def test_quant_check_fails_on_a_damaged_build(default_int8):
@@ -224,7 +237,7 @@ def test_int8_incremental_decoding_holds_under_chunking(int8, tiny_checkpoint):
     for chunks in ([1] * 40, [13, 1, 20, 6]):
         assert np.abs(feed_chunks(session, tokens, chunks) - whole).max() < 1e-3
     reference = Reference.of_checkpoint(tiny_checkpoint).logits(tokens)
-    assert np.abs(whole - reference).max() <= checks.tolerance(reference, quantized=True)
+    assert np.abs(whole - reference).max() <= checks.tolerance(reference, "int8")
 
 
 def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatch):
@@ -239,8 +252,9 @@ def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("spec,target,message", [
     (QuantSpec("int2"), "onnx", "unknown quantization"),
-    (STATIC, "portable", "int8 kernels"),
-    (INT4, "portable", "int4 kernels"),
+    (STATIC, "portable", "its kernels"),
+    (INT4, "portable", "its kernels"),
+    (QuantSpec("int8-block"), "xnnpack", "use --target onnx"),
     (QuantSpec("int4", keep_shear_fp32=False), "onnx", "dynamic"),
     (QuantSpec("int8", calibration_samples=0), "onnx", "must be positive"),
     (QuantSpec("int8-dynamic", keep_shear_fp32=False), "onnx", "dynamic"),

@@ -20,7 +20,7 @@ from psa_edge.runtime.session import Session, open_session
 from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter, ShiftedDrafter,
                                           speculative_generate)
 
-BACKENDS = ["onnx", "xnnpack", "runner"]
+BACKENDS = ["onnx", "xnnpack", "runner", "fused"]
 TOL = 1e-4
 
 
@@ -99,6 +99,53 @@ def test_runner_form_rolls_back_and_restores_within_its_window(artifacts, checkp
     del clean
 
 
+@pytest.mark.parametrize("kept", [0, 2, 5])
+def test_fused_form_rolls_back_in_place(artifacts, kept):
+    """The fused form's caches stay in the program: a rollback moves the position back and
+    sets the slots from the kept raw keys (and queries), over one-token chunks too; the next
+    calls equal a session that never saw the rejected tokens."""
+    session, clean = open_session(artifacts["fused"]), open_session(artifacts["fused"])
+    rng = np.random.default_rng(kept)
+    prefix, proposed = rng.integers(0, 64, size=11), rng.integers(0, 64, size=5)
+    session.feed(prefix[:8])
+    for t in prefix[8:]:
+        session.feed([t])
+    session.feed(proposed)
+    session.rollback(11 + kept)
+    clean.feed(np.concatenate([prefix, proposed[:kept]]))
+    assert session.tokens == clean.tokens
+    assert np.abs(session.last_logits - clean.last_logits).max() <= 1e-5
+    for key, value in clean.slots().items():
+        assert np.abs(session.slots()[key] - value).max() <= 1e-5, key
+    follow = rng.integers(0, 64, size=3)
+    assert np.abs(session.feed(follow[:1]) - clean.feed(follow[:1])).max() <= 1e-5
+    assert np.abs(session.feed(follow[1:]) - clean.feed(follow[1:])).max() <= 1e-5
+
+
+def test_fused_form_writes_its_static_caches_in_place(artifacts, checkpoints):
+    """GroupQueryAttention writes each chunk's sheared keys into the program's own arrays at
+    their positions (nothing past them), and the logits are the reference's."""
+    import onnx
+
+    graph = onnx.load(str(artifacts["fused"] / "model.onnx")).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and ops.count("RotaryEmbedding") == 4
+    assert ops.count("Sub") == 2 * 2 + 1  # two sheared streams per layer, and the positions
+    session = open_session(artifacts["fused"])
+    tokens = np.random.default_rng(4).integers(0, 64, size=13)
+    logits = np.concatenate([session.feed(tokens[:9])] + [session.feed([t]) for t in tokens[9:]])
+    expected = reference(checkpoints, "fused", tokens)
+    assert np.abs(logits - expected).max() <= scale_tol(expected)
+    for name, cache in session.program.caches.items():
+        assert cache.shape == (1, 2, 48, 16), name
+        assert np.abs(cache[:, :, :13]).sum(-1).all(), name  # every row written
+        assert not cache[:, :, 13:].any(), name
+    reference_session = Reference.of_checkpoint(checkpoints["symmetric"]).session(48)
+    reference_session.feed(tokens)
+    assert np.abs(session.program.caches["1.key"][:, :, :13]
+                  - reference_session.state["1.key"]).max() <= 1e-4
+
+
 def test_rollback_reaches_back_over_single_token_chunks(artifacts):
     """What a draft session needs: several one-token calls, then back to an earlier point."""
     session, clean = open_session(artifacts["onnx"]), open_session(artifacts["onnx"])
@@ -143,6 +190,18 @@ def test_a_draft_shorter_than_the_target_proposes_what_fits(artifacts, checkpoin
     result = speculative_generate(target, draft, prompt, 30, draft_len=4)
     assert result.tokens == generate(target, prompt, 30).tokens
     assert 0 < result.stats["drafted"] < 4 * result.stats["target_calls"]
+
+
+def test_fused_cache_bytes_equal_the_twins_at_max(artifacts):
+    """Static caches: the max-length bytes from the first token on, the twin's exactly."""
+    psa, twin = open_session(artifacts["fused"]), open_session(artifacts["fused-twin"])
+    for length in (1, 48):
+        psa.reset()
+        psa.feed(np.arange(length) % 64)
+        a, b = psa.sizes(), twin.sizes()
+        assert a["kv_cache_bytes"] == b["kv_cache_bytes"] == 2 * 2 * 2 * 48 * 16 * 4
+        assert sum(c.nbytes for c in psa.program.caches.values()) == a["kv_cache_bytes"]
+        assert a["extra_bytes"] == 2 * (2 + 4) * 16 * 4 and b["extra_bytes"] == 0
 
 
 def test_cache_bytes_equal_the_twins(artifacts):
@@ -252,10 +311,10 @@ def test_plain_sampling_with_top_k_and_top_p_has_the_targets_distribution(small_
 
 # --------------------------------------------------------------------------- verify
 
-@pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable", "runner"])
+@pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable", "runner", "fused"])
 def test_verify_passes_on_float_artifacts(artifacts, checkpoints, name):
     variant = CASES[name][0]
-    twin = {"onnx": "onnx-twin", "runner": "runner-twin"}.get(name)
+    twin = {"onnx": "onnx-twin", "runner": "runner-twin", "fused": "fused-twin"}.get(name)
     twin = artifacts[twin] if twin else None
     report = verify(artifacts[name], checkpoints[variant], twin)
     failed = [c for c in report["checks"] if not c["passed"]]
@@ -376,3 +435,21 @@ def test_threads_size_the_executorch_threadpool(artifacts):
         assert set_threads(None) == 2
     finally:
         set_threads(before)
+
+
+def test_bench_profile_splits_a_decoded_tokens_time(artifacts):
+    """`bench --profile` on ONNX Runtime: the kernel time per operator of the fused form's
+    decode steps fits inside the run, and the run inside the wall time; a .pte is refused."""
+    import json
+
+    result = cli("bench", artifacts["fused"], "--profile", "-p", "8", "-n", "16", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    kernels = report["kernel_us_per_token"]
+    assert {"GroupQueryAttention", "RotaryEmbedding", "Sub"} <= set(kernels)
+    assert 0 < sum(kernels.values()) <= report["ort_run_us_per_token"] \
+        <= report["wall_us_per_token"]
+    assert report["decode_tokens"] == 16 and report["nodes_per_token"] > 10
+    result = cli("bench", artifacts["xnnpack"], "--profile", "-p", "8", "-n", "8")
+    assert result.returncode == 2 and "ONNX Runtime's profiler" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -23,23 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import OUT, export_once, machine, psa_edge_json, random_checkpoint, write_block, \
-    write_doc
+from common import BENCH, MAX_LEN, artifact, kept_block, machine, psa_edge_json, \
+    random_checkpoint, write_block, write_doc
 
 from psa_edge.runtime.bench import geomean_ci
 
 BUILDS = [("onnx", None), ("onnx", "int8"), ("xnnpack", None), ("xnnpack", "int8")]
-MAX_LEN = 512
+FUSED = [("onnx", None), ("onnx", "int8-block"), ("onnx", "int4")]  # --fused: ONNX's fused form
 GOAL = 1.02
 RUNNER_DECODE = "executorch_runner_decode_time_per_token"  # TextLLMRunner's own ratio
-BENCH = OUT / "bench"
-
-
-def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str) -> Path:
-    ckpt = random_checkpoint(preset, BENCH / f"{preset}.pt")
-    name = "-".join([preset, target, quant or "fp32"] + (["runner"] if form == "runner" else [])
-                    + (["twin"] if twin else []))
-    return export_once(ckpt, BENCH / name, target, quant, twin, form, MAX_LEN)
 
 
 def bench(a: Path, b: Path, args) -> dict:
@@ -169,8 +161,42 @@ its whole static cache, so its ratios do not carry over to the explicit-state fo
 Earlier measurements of where PSA's per-token overhead arises, each stamped with the commit
 that made it and the command to rerun it there: [decode-profile.md](decode-profile.md),
 [xnnpack-profile.md](xnnpack-profile.md), [overhead-candidates.md](overhead-candidates.md).
+
+## The fused form: PSA against its twin
+
+Made by `.venv/bin/python tools/bench_presets.py --fused` (ONNX Runtime's fused operators over
+static in-place caches, docs/export.md), measured as above.
+
+{kept_block("docs/benchmarks.md", "fused")}
+
+## psa-edge against llama.cpp
+
+Made by `.venv/bin/python tools/llama_cpp_bench.py` (see its docstring).
+
+{kept_block("docs/benchmarks.md", "llama-cpp")}
 """)
     print(block)
+
+
+def fused_ratios(args) -> None:
+    """docs/benchmarks.md's fused block: the fused builds' PSA / twin decode ratios."""
+    p50 = f"tg{args.n}_latency_p50"
+    rows = []
+    for preset in args.presets:
+        for target, quant in FUSED:
+            psa, twin = (artifact(preset, target, quant, t, "fused") for t in (0, 1))
+            report, ratios = pooled_ratios(psa, twin, args, (p50,))
+            rows.append((preset, target, quant or "fp32", report, ratios[p50]))
+            print(f"{preset} fused {quant or 'fp32'}: {ratio_text(ratios[p50])}", flush=True)
+    twin = artifact(args.presets[0], "onnx", None, True, "fused")
+    control = aa_control(twin, args, (p50,))[p50]
+    table, above = main_rows(rows, args, gemm_peak(args.threads))
+    goal = ("Every pair is within the 1.02 goal." if not above else
+            "Pairs not shown within 1.02: " + "; ".join(above) + ".")
+    write_block("fused", f"{machine()}, {args.threads} thread(s), -p {args.p} -n {args.n}, "
+                f"{2 * args.rounds * args.r} repetitions per pair. {goal} A/A control (the "
+                f"{args.presets[0]} fp32 fused twin against a copy of itself): p50 ratio "
+                f"{ratio_text(control)}.\n\n" + "\n".join(table), "docs/benchmarks.md")
 
 
 def export_sizes(args) -> None:
@@ -213,9 +239,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=1, help="Processes per pair and order.")
     parser.add_argument("--exports", action="store_true", help="export sizes and times only")
+    parser.add_argument("--fused", action="store_true", help="only the fused form's ratios")
     args = parser.parse_args()
     if args.exports:
         return export_sizes(args)
+    if args.fused:
+        return fused_ratios(args)
     BENCH.mkdir(parents=True, exist_ok=True)
     started = time.time()
     peak = gemm_peak(args.threads)

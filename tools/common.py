@@ -16,6 +16,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "out"
+BENCH = OUT / "bench"
+MAX_LEN = 512  # the benchmark builds' max length
 DEFAULT_MODEL = REPO / "models" / "psa-default.pt"
 
 
@@ -54,10 +56,14 @@ def psa_edge_json(*args, **kwargs) -> dict:
     return json.loads(psa_edge(*args, "--json", **kwargs).stdout)
 
 
-def random_checkpoint(preset: str, path: Path, vocab_task: bool = True) -> Path:
+def random_checkpoint(preset: str, path: Path, vocab_task: bool = True,
+                      q4_grid: bool = False) -> Path:
     """A checkpoint of a preset with random weights (seed 0, key-only gamma_k 0.8): speed and
     size do not depend on what the weights learned. It records an ih-sht task of its vocabulary
-    so that static int8 can calibrate."""
+    so that static int8 can calibrate. `q4_grid`: every linear's weights snapped to the 4-bit
+    grid of blocks of 32 (scale = the block's largest-magnitude weight / -8, as ONNX Runtime's
+    MLAS and llama.cpp's Q4_0 compute it), so 4-bit weights lose nothing: random psa-92m's own
+    weights lose so much at 4 bits that the exporter's parity gate refuses the build."""
     import torch
 
     from psa_edge.model import PSATransformer, preset_config
@@ -66,6 +72,13 @@ def random_checkpoint(preset: str, path: Path, vocab_task: bool = True) -> Path:
     if not path.exists():
         torch.manual_seed(0)
         model = PSATransformer(preset_config(preset, "key-only", 0.8))
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if q4_grid and weight.dim() == 2 and "embed_tokens" not in name:
+                    blocks = weight.view(weight.shape[0], -1, 32)
+                    peak = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+                    step = torch.where(peak == 0, torch.ones_like(peak), peak / -8)
+                    blocks.copy_((blocks / step).round().clamp(-8, 7) * step)
         task = {"name": "ih-sht", "params": {"seq_len": 256,
                                              "alphabet": model.cfg.vocab_size}}
         save_checkpoint(path, model, {"task": task if vocab_task else None,
@@ -73,17 +86,17 @@ def random_checkpoint(preset: str, path: Path, vocab_task: bool = True) -> Path:
     return path
 
 
-def write_block(name: str, text: str) -> None:
-    """Replace the README's block between `<!-- name:begin -->` and `<!-- name:end -->`
-    (atomically; the markers must be there)."""
+def write_block(name: str, text: str, page: str = "README.md") -> None:
+    """Replace the block between `<!-- name:begin -->` and `<!-- name:end -->` of a page (the
+    README, or one under docs/; atomically; the markers must be there)."""
     from psa_edge.io import write_text
 
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / page).read_text()
     if begin not in readme or end not in readme:
-        raise SystemExit(f"README.md has no {begin} ... {end} block")
+        raise SystemExit(f"{page} has no {begin} ... {end} block")
     head, rest = readme.split(begin, 1)
-    write_text(REPO / "README.md", head + begin + "\n" + text.rstrip("\n") + "\n" + end
+    write_text(REPO / page, head + begin + "\n" + text.rstrip("\n") + "\n" + end
                + rest.split(end, 1)[1])
 
 
@@ -118,6 +131,26 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
     if not same:
         run_export(ExportRequest(checkpoint, target, folder, max_seq_len, twin, form, spec))
     return folder
+
+
+def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str) -> Path:
+    """The benchmark build of a random-weight preset (out/bench/), exported once."""
+    grid = quant == "int4"  # see random_checkpoint
+    ckpt = random_checkpoint(preset, BENCH / f"{preset}{'-q4grid' if grid else ''}.pt",
+                             q4_grid=grid)
+    name = "-".join([preset, target, quant or "fp32"] + ([form] if form != "explicit-state"
+                                                         else []) + (["twin"] if twin else []))
+    return export_once(ckpt, BENCH / name, target, quant, twin, form, MAX_LEN)
+
+
+def kept_block(page: str, name: str) -> str:
+    """A page's block `<!-- name:begin --> ... <!-- name:end -->` as it is now (empty markers
+    if it has none), for a script that rewrites the page around another tool's block."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = (REPO / page).read_text() if (REPO / page).exists() else ""
+    if begin in text and end in text:
+        return begin + text.split(begin, 1)[1].split(end, 1)[0] + end
+    return f"{begin}\n{end}"
 
 
 def mean_std(values: list[float]) -> str:

@@ -1,6 +1,6 @@
 """The quantization table of the README and docs/quantization.md: the default model and its twin,
-fp32, int8 (static, dynamic) and int4 for XNNPACK and ONNX Runtime, each build checked by
-`psa-edge quant-check`; and the measurement behind `--keep-shear-fp32`.
+fp32, int8 (static, dynamic, block-wise on ONNX) and int4 for XNNPACK and ONNX Runtime, each
+build checked by `psa-edge quant-check`; and the measurement behind `--keep-shear-fp32`.
 
     .venv/bin/python tools/quant_table.py               # about 10 minutes on 2 cores
     .venv/bin/python tools/quant_table.py --samples 32  # quicker, noisier
@@ -22,7 +22,7 @@ from psa_edge.export.quantize import QuantSpec
 
 QUANT_OUT = OUT / "quant"
 TARGETS = ("xnnpack", "onnx")
-SCHEMES = {name: QuantSpec(name) for name in ("int8", "int8-dynamic", "int4")}
+SCHEMES = {name: QuantSpec(name) for name in ("int8", "int8-dynamic", "int8-block", "int4")}
 SHEAR_INT8 = QuantSpec("int8", keep_shear_fp32=False)
 
 

@@ -1,44 +1,132 @@
-"""The ONNX Runtime backend: an explicit-state `.onnx` on the CPU provider (numpy, no torch).
+"""The ONNX Runtime backend: `.onnx` graphs on the CPU provider (numpy, no torch).
 
-Contract: `OnnxGraph(artifact, threads)` builds the session from the artifact's checked bytes
+Contract: both classes build the session from the artifact's checked bytes
 (`io.read_artifact`: what runs is what was hashed); `threads` sizes the intra-op pool. A file
-that ONNX Runtime cannot load is an `ArtifactError` naming its reason.
+that ONNX Runtime cannot load, or whose I/O is not the one its manifest's config implies, is an
+`ArtifactError` naming its reason.
+- `OnnxGraph(artifact, threads)`: a `base.Graph` over an explicit-state graph.
+- Either records ONNX Runtime's profile to `profile_prefix*.json` when given one.
+- `FusedProgram(artifact, threads)`: a fused-form graph (docs/spec.md §4) bound once to its
+  static caches, numpy arrays it owns (`caches`), each bound as both the past input and the
+  present output, so GroupQueryAttention writes a chunk's rows in place and no call copies a
+  cache. `run(tokens, position)` returns the chunk's logits `[S, V]` and raw streams
+  (`"{layer}.{stream}"` -> `[1, S, heads dh]`) and copies the last raw rows into the slots the
+  next call reads; `set_slots` replaces them (rollback, restore). A one-token call reads and
+  writes arrays bound once, so a decode step allocates nothing but its returned copies.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from psa_edge.backends.base import Graph
-from psa_edge.contract import GraphIO
+from psa_edge.contract import GraphIO, State
 from psa_edge.errors import ArtifactError
 from psa_edge.io import Artifact
+
+
+def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
+                      profile_prefix: str | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    if profile_prefix:  # ONNX Runtime's profiler (`psa-edge bench --profile`)
+        options.enable_profiling, options.profile_file_prefix = True, profile_prefix
+    try:
+        session = ort.InferenceSession(artifact.data, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own classes for bad files
+        raise ArtifactError(f"ONNX Runtime cannot load {artifact.model_path}: {str(exc)[:160]}")
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    where = str(artifact.model_path)
+    if [i.name for i in inputs] != list(io.input_names) or \
+            [o.name for o in outputs] != list(io.output_names):
+        raise ArtifactError(f"{where}: the graph's input and output names are not those its "
+                            f"manifest's config implies")
+    io.check_signature([i.shape for i in inputs], [o.shape for o in outputs], where)
+    return session
 
 
 class OnnxGraph(Graph):
     backend = "onnxruntime"
 
-    def __init__(self, artifact: Artifact, threads: int | None = None):
+    def __init__(self, artifact: Artifact, threads: int | None = None,
+                 profile_prefix: str | None = None):
         super().__init__(GraphIO.from_manifest(artifact.manifest), artifact.manifest,
                          artifact.identity)
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if threads:
-            options.intra_op_num_threads = threads
-        try:
-            self.session = ort.InferenceSession(artifact.data, options,
-                                                providers=["CPUExecutionProvider"])
-        except Exception as exc:  # noqa: BLE001 - ORT raises its own classes for bad files
-            raise ArtifactError(f"ONNX Runtime cannot load {artifact.model_path}: "
-                                f"{str(exc)[:160]}")
-        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        where = str(artifact.model_path)
-        if [i.name for i in inputs] != list(self.io.input_names) or \
-                [o.name for o in outputs] != list(self.io.output_names):
-            raise ArtifactError(f"{where}: the graph's input and output names are not those its "
-                                f"manifest's config implies")
-        self.io.check_signature([i.shape for i in inputs], [o.shape for o in outputs], where)
+        self.session = inference_session(artifact, threads, self.io, profile_prefix)
         self.outputs = list(self.io.output_names)
 
     def run(self, feeds):
         return dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
+
+
+class FusedProgram:
+    backend = "onnxruntime"
+
+    def __init__(self, artifact: Artifact, threads: int | None = None,
+                 profile_prefix: str | None = None):
+        self.io = io = GraphIO.from_manifest(artifact.manifest)
+        self.manifest, self.identity = artifact.manifest, artifact.identity
+        self.session = inference_session(artifact, threads, io, profile_prefix)
+        self.binding = self.session.io_binding()
+        self.caches = {key: np.zeros(io.shape(key.split(".")[1], 0), np.float32)
+                       for key, _, _ in io.cache_io}
+        for key, name_in, name_out in io.cache_io:
+            self.bind(name_in, self.caches[key])
+            self.bind(name_out, self.caches[key], output=True)
+        # The slots are arrays bound once; each call copies its last raw rows into them.
+        self.slots = {f"past_key_values.{key}": np.zeros(io.shape(key.split(".")[1], 1),
+                                                         np.float32) for key in io.slot_keys}
+        for name, value in self.slots.items():
+            self.bind(name, value)
+        self.next_slot = [(f"past_key_values.{key}", stream)
+                          for (key, _, _), (stream, _) in zip(io.slot_io, io.raw_io)]
+        # A one-token call's inputs and outputs: arrays bound once, rebound after a chunk call.
+        self.step = {"input_ids": np.zeros((1, 1), np.int64),
+                     "input_pos": np.zeros(1, np.int64),
+                     "logits": np.zeros((1, 1, io.vocab_size), np.float32)}
+        self.step.update((name, np.zeros(io.shape(stream.split(".")[1], 1), np.float32))
+                         for stream, name in io.raw_io)
+        self.step_bound = False
+
+    def bind(self, name: str, array: np.ndarray, output: bool = False) -> None:
+        """Bind a numpy array by reference (ONNX Runtime reads or writes its memory)."""
+        import onnxruntime as ort
+
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        if output:
+            self.binding.bind_ortvalue_output(name, value)
+        else:
+            self.binding.bind_ortvalue_input(name, value)
+
+    def set_slots(self, slots: State) -> None:
+        for key, value in slots.items():
+            np.copyto(self.slots[f"past_key_values.{key}"], value)
+
+    def run(self, tokens: np.ndarray, position: int) -> tuple[np.ndarray, State]:
+        io, binding = self.io, self.binding
+        if tokens.size == 1:
+            if not self.step_bound:
+                for name, array in self.step.items():
+                    self.bind(name, array, output=not name.startswith("input"))
+                self.step_bound = True
+            self.step["input_ids"][0, 0], self.step["input_pos"][0] = tokens[0], position
+            self.session.run_with_iobinding(binding)
+            logits = self.step["logits"][0].copy()
+            raw = {stream: self.step[name].copy() for stream, name in io.raw_io}
+        else:
+            self.step_bound = False  # shapes depend on S: inputs by copy, outputs allocated
+            binding.bind_cpu_input("input_ids", tokens.reshape(1, -1))
+            binding.bind_cpu_input("input_pos", np.array([position], np.int64))
+            for name in ["logits"] + [name for _, name in io.raw_io]:
+                binding.bind_output(name)
+            self.session.run_with_iobinding(binding)
+            outputs = binding.get_outputs()[len(self.caches):]
+            logits = outputs[0].numpy()[0]
+            raw = {stream: value.numpy() for (stream, _), value in zip(io.raw_io, outputs[1:])}
+        for slot, stream in self.next_slot:
+            np.copyto(self.slots[slot], raw[stream][:, -1:])
+        return logits, raw

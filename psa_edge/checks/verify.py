@@ -169,7 +169,7 @@ def check_rollback(session, tokens, tol, rng) -> Check:
                                for k, v in state_of(session).items()])
         error = max(error, float(np.abs(after - session.feed(follow)).max()))
     what = ("state (caches and slots) and next logits" if hasattr(session, "state") else
-            "next logits (the runner form keeps its state inside the program)")
+            "next logits (a static-cache form keeps its caches inside the program)")
     return Check("3. rollback", f"feed 5 proposed tokens, keep 0 / 2 / 5: {what} vs a session "
                  "that never saw the rest", error, tol, error <= tol)
 
@@ -233,7 +233,7 @@ def twin_sizer(session, reference: Reference | None, twin: Path | None):
             raise ArtifactError(f"{twin} has another config than the artifact (beyond gamma)")
         if twin_session.manifest.get("form") != manifest.get("form"):
             raise ArtifactError(f"{twin} is not of the artifact's form {manifest.get('form')}")
-    elif session.io.form == "runner" or reference is None:
+    elif session.io.form in ("runner", "fused") or reference is None:
         io = GraphIO.from_config({**manifest["config"], "gamma_q": 0.0, "gamma_k": 0.0},
                                  session.io.max_seq_len, session.io.form)
         return lambda tokens: io.state_bytes(len(tokens))
@@ -277,7 +277,7 @@ def verify(artifact: str | Path, reference: str | Path | None = None,
     tokens = probes.tokens
     expected = ref.probe(probes)
     tol = FP32_RTOL * logit_scale(expected)
-    ref_tol = tolerance(expected, manifest.get("quantization") is not None)
+    ref_tol = tolerance(expected, (manifest.get("quantization") or {}).get("scheme"))
     checks = [check_parity(session, expected, tokens, ref_tol, rng),
               check_prefix_reuse(session, probes, ref, tol, ref_tol),
               check_rollback(session, tokens, tol, rng)]

@@ -112,8 +112,9 @@ class ExecuTorchTarget:
     backend = "executorch"
     forms = ("explicit-state", "runner")
     activation_dtype = "int8"
-    int4_weights = "int4 per-channel symmetric"  # XNNPACKQuantizer has no per-group weights
-    int4_activations = "int8, dynamic (scales computed per call)"
+    # XNNPACKQuantizer has no per-group weights: int4 is one scale per output channel
+    block_layouts = {"int4": ("int4 per-channel symmetric",
+                              "int8, dynamic (scales computed per call)")}
     tool = "torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer"
 
     def __init__(self, name: str, delegated: bool):

@@ -14,8 +14,12 @@ state lives (`LayerCache`). Names and shapes come from `contract.GraphIO`.
   input_pos - 1 (zero at input_pos 0, the causal zero state), so calling it at an earlier
   position rolls it back (speculative decoding, prefix reuse) as long as that row is in reach.
 
+- `FusedForm`: ONNX Runtime's fused contrib operators over static in-place caches, written
+  directly as an ONNX graph (`psa_edge/export/onnx_fused.py`).
+
 A `Form` provides the pipeline's form-specific pieces: the module, each method's example inputs
-and dynamic shapes, the calibration inputs of static int8, and the constant methods.
+and dynamic shapes, the quantization schemes it takes, the calibration inputs of static int8,
+the constant methods, and (`build_onnx`) a graph written without tracing.
 """
 
 from __future__ import annotations
@@ -133,6 +137,8 @@ def seq_dim(max_len: int):
 
 class ExplicitStateForm:
     name = "explicit-state"
+    schemes = ("int8", "int8-dynamic", "int8-block", "int4")
+    build_onnx = None  # traced by torch.onnx
 
     def module(self, model: PSATransformer, max_len: int) -> nn.Module:
         return ExplicitStateModule(model).eval()
@@ -165,6 +171,7 @@ class ExplicitStateForm:
 
 class RunnerForm:
     name = "runner"
+    schemes = ("int8", "int8-dynamic", "int4")
 
     def module(self, model: PSATransformer, max_len: int) -> nn.Module:
         return RunnerModule(model, max_len).eval()
@@ -181,4 +188,29 @@ class RunnerForm:
         return runner_methods(cfg.to_dict(), max_len)
 
 
-FORMS = {form.name: form for form in (ExplicitStateForm(), RunnerForm())}
+class FusedForm:
+    """ONNX Runtime's fused operators over static caches (`onnx_fused`): built from the
+    model's weights, not traced, so its module is the model itself. Its weights are quantized
+    without calibration (static int8 needs a traced graph's calibration inputs)."""
+    name = "fused"
+    schemes = ("int8-dynamic", "int8-block", "int4")
+
+    def module(self, model: PSATransformer, max_len: int) -> nn.Module:
+        return model.eval()
+
+    def methods(self, cfg: ModelConfig, max_len: int) -> dict[str, Example]:
+        return {"forward": Example((), (), ())}
+
+    def build_onnx(self, module: PSATransformer, max_len: int):
+        from psa_edge.export.onnx_fused import build
+
+        return build(module, max_len)
+
+    def calibration_inputs(self, cfg: ModelConfig, max_len: int, rows) -> list[tuple]:
+        return []
+
+    def constant_methods(self, cfg: ModelConfig, max_len: int) -> dict | None:
+        return None
+
+
+FORMS = {form.name: form for form in (ExplicitStateForm(), RunnerForm(), FusedForm())}

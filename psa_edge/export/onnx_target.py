@@ -2,7 +2,8 @@
 
 Contract: `ONNX` provides the pipeline's target stages.
 - `trace`: torch.onnx's dynamo exporter (optimized) of the form's `forward`, with the contract's
-  I/O names, dynamic chunk length S (>= 1) and past length P (>= 0: an empty past works);
+  I/O names, dynamic chunk length S (>= 1) and past length P (>= 0: an empty past works); or,
+  for a form that writes its own graph (the fused form), that graph;
 - `quantize`: ONNX Runtime's quantizer (`quantize.quantize_onnx`), calibration inputs fed by
   name;
 - `lower`: `onnx.checker.check_model(full_check=True)` and single-file model bytes; no
@@ -22,15 +23,19 @@ from psa_edge.export.forms import Traced, graph_io
 class OnnxTarget:
     name = "onnx"
     backend = "onnxruntime"
-    forms = ("explicit-state",)
-    schemes = ("int8", "int8-dynamic", "int4")
+    forms = ("explicit-state", "fused")
+    schemes = ("int8", "int8-dynamic", "int8-block", "int4")
     activation_dtype = "uint8"  # ONNX Runtime's CPU kernels want U8S8 (quantize.quantize_onnx)
-    int4_weights = f"int4 symmetric, blocks of {q.INT4_BLOCK} along the input, one scale each"
-    int4_activations = f"int8 per block of {q.INT4_BLOCK}, dynamic (inside MatMulNBits)"
+    # (weights, activations) of the block-wise schemes, as the manifest records them
+    block_layouts = {scheme: (f"int{bits} symmetric, blocks of {q.WEIGHT_BLOCK} along the input, "
+                              f"one scale each", f"int8 per block of {q.WEIGHT_BLOCK}, dynamic "
+                              f"(inside MatMulNBits)") for scheme, bits in q.BLOCK_BITS.items()}
     tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic, MatMulNBits)"
 
     def trace(self, module, form, cfg, max_len: int) -> dict[str, Traced]:
         example = form.methods(cfg, max_len)["forward"]
+        if form.build_onnx is not None:
+            return {"forward": Traced(form.build_onnx(module, max_len), example)}
         io = graph_io(cfg, max_len, form.name)
         with quiet(), torch.no_grad():
             program = torch.onnx.export(

@@ -50,8 +50,8 @@ class ExportRequest:
 
     def default_output(self) -> Path:
         parts = [Path(self.checkpoint).stem, self.target]
-        if self.form == "runner":
-            parts.append("runner")
+        if self.form != "explicit-state":
+            parts.append(self.form)
         if self.quant:
             parts.append(self.quant.scheme)
         if self.twin:
@@ -71,13 +71,17 @@ def check_request(req: ExportRequest) -> ExportRequest:
         raise ExportError(f"unknown form {req.form!r}; choose one of {', '.join(FORMS)}")
     target, _ = req.stages
     if req.form not in target.forms:
-        raise ExportError(f"the {req.form} form is an ExecuTorch program; use --target "
-                          f"xnnpack or portable")
+        where = "onnx" if req.form == "fused" else "xnnpack or portable"
+        raise ExportError(f"the {req.form} form is not built for --target {req.target}; use "
+                          f"--target {where}")
     if req.max_seq_len is not None and req.max_seq_len < PROBE_LEN:
         raise ExportError(f"--max-seq-len {req.max_seq_len} is below the parity probe length "
                           f"{PROBE_LEN}")
     if req.quant is not None:
         q.check_spec(req.quant, target.schemes)
+        if req.quant.scheme not in FORMS[req.form].schemes:
+            raise ExportError(f"the {req.form} form takes --quantize "
+                              f"{', '.join(FORMS[req.form].schemes)}, not {req.quant.scheme}")
     output = Path(req.output) if req.output else req.default_output()
     check_output(output, directory=True)
     refuse_overlap([output], [req.checkpoint, manifest_path(req.checkpoint)])

@@ -2,11 +2,12 @@
 
 Contract:
 - `QuantSpec` names a scheme: `int8` (static activations, calibrated) or `int8-dynamic`
-  (activation scales computed at run time), whose weights are int8, per-channel symmetric; or
+  (activation scales computed at run time), whose weights are int8, per-channel symmetric;
   `int4`, 4-bit symmetric weights with int8 activations computed at run time: on ONNX in
-  blocks of INT4_BLOCK along the input dimension, one scale per block (ONNX Runtime's
+  blocks of WEIGHT_BLOCK along the input dimension, one scale per block (ONNX Runtime's
   MatMulNBits, accuracy level 4: the kernel quantizes the activations per block); on XNNPACK
-  one scale per output channel (8da4w with one group per row: XNNPACK's QD8-F32-QC4W kernels).
+  one scale per output channel (8da4w with one group per row: XNNPACK's QD8-F32-QC4W kernels);
+  `int8-block` (ONNX only), the same MatMulNBits layout with 8-bit weights (llama.cpp's Q8_0).
 - What is quantized: every linear (q/k/v/o, the SwiGLU MLP, lm_head). Optionally (static only)
   the shear's Sub/Mul/Add, when `keep_shear_fp32` is False. Everything else stays fp32: RMSNorm,
   RoPE, the attention matmuls, softmax and the mask, and the state tensors at the graph's
@@ -40,9 +41,11 @@ import torch
 from psa_edge.errors import ExportError
 from psa_edge.export import quiet
 
-SCHEMES = ("int8", "int8-dynamic", "int4")
-# llama.cpp's Q4_0 block: the int4 builds compare like for like with its GGUF (docs/benchmarks.md)
-INT4_BLOCK = 32
+SCHEMES = ("int8", "int8-dynamic", "int8-block", "int4")
+# llama.cpp's Q4_0 / Q8_0 block: the block-wise builds compare like for like with its GGUFs
+# (docs/benchmarks.md)
+WEIGHT_BLOCK = 32
+BLOCK_BITS = {"int8-block": 8, "int4": 4}  # weight bits of the block-wise (MatMulNBits) schemes
 CALIBRATION_SEED_BASE = 0x0CA1  # calibration draws never reuse the trainer's batch seeds
 aten = torch.ops.aten
 
@@ -64,8 +67,9 @@ def check_spec(spec: QuantSpec, target_schemes: tuple[str, ...]) -> None:
         raise ExportError(f"unknown quantization {spec.scheme!r}; choose one of "
                           f"{', '.join(SCHEMES)}")
     if spec.scheme not in target_schemes:
-        raise ExportError(f"{spec.scheme} needs a backend with {spec.scheme.split('-')[0]} "
-                          f"kernels; use --target xnnpack or onnx")
+        targets = "onnx" if spec.scheme == "int8-block" else "xnnpack or onnx"
+        raise ExportError(f"{spec.scheme} needs a backend with its kernels; use --target "
+                          f"{targets}")
     if spec.static and spec.calibration_samples < 1:
         raise ExportError(f"--calibration-samples must be positive, got "
                           f"{spec.calibration_samples}")
@@ -94,9 +98,9 @@ def calibration_tokens(task_dict: dict | None, spec: QuantSpec, vocab_size: int,
 def activations(spec: QuantSpec, target) -> str:
     """How the linears' input activations are quantized (the manifest's record). ONNX Runtime's
     CPU kernels want them as uint8, ExecuTorch's XNNPACK quantizer makes int8; each target
-    describes its own int4 layout."""
-    if spec.scheme == "int4":
-        return target.int4_activations
+    describes its own low-bit layouts."""
+    if spec.scheme in target.block_layouts:
+        return target.block_layouts[spec.scheme][1]
     dtype = target.activation_dtype
     return (f"{dtype} per-tensor, static (calibrated)" if spec.static
             else f"{dtype}, dynamic (scales computed per call)")
@@ -104,7 +108,7 @@ def activations(spec: QuantSpec, target) -> str:
 
 def calibration_record(task_dict: dict | None, tokens: np.ndarray | None, spec: QuantSpec,
                        target) -> dict:
-    weights = target.int4_weights if spec.scheme == "int4" else "int8 per-channel symmetric"
+    weights = target.block_layouts.get(spec.scheme, ("int8 per-channel symmetric",))[0]
     record = {"scheme": spec.scheme, "tool": target.tool, "weights": weights,
               "activations": activations(spec, target),
               "keep_shear_fp32": spec.keep_shear_fp32, "calibration": None}
@@ -295,15 +299,15 @@ def onnx_shear_nodes(model) -> list[str]:
     return names
 
 
-def int4_matmuls(model, names: list[str]):
-    """The quantizer after replacing the MatMuls `names` by MatMulNBits (4-bit, INT4_BLOCK)."""
+def nbits_matmuls(model, names: list[str], bits: int):
+    """The quantizer after replacing the MatMuls `names` by MatMulNBits (`bits`, WEIGHT_BLOCK)."""
     import logging
 
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     logging.getLogger(MatMulNBitsQuantizer.__module__).setLevel(logging.WARNING)  # per node
     # accuracy level 4: int8 activations inside the kernel, its fast path on x86 and ARM
-    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=INT4_BLOCK, is_symmetric=True,
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=WEIGHT_BLOCK, is_symmetric=True,
                                      accuracy_level=4, nodes_to_include=names)
     quantizer.process()
     return quantizer.model
@@ -335,8 +339,8 @@ def quantize_onnx(model_proto, spec: QuantSpec, calibration_feeds: list[dict]) -
         common = dict(per_channel=True, weight_type=QuantType.QInt8,
                       nodes_to_quantize=targets + shear,
                       op_types_to_quantize=["MatMul"] + (["Sub", "Mul", "Add"] if shear else []))
-        if spec.scheme == "int4":
-            int4_matmuls(prepared, targets).save_model_to_file(str(out))
+        if spec.scheme in BLOCK_BITS:
+            nbits_matmuls(prepared, targets, BLOCK_BITS[spec.scheme]).save_model_to_file(str(out))
         elif spec.static:
             # Asymmetric activations, MinMax ranges, stored as uint8 (ONNX Runtime's U8S8, its
             # default; the same 256 levels as asymmetric int8, and the same quant-check numbers

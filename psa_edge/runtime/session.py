@@ -240,10 +240,89 @@ class RunnerSession(BaseSession):
                 ["kv_cache_bytes"]}
 
 
-def open_session(artifact: str | Path, threads: int | None = None, checked: bool = True):
+class FusedSession(BaseSession):
+    """A sequence over a fused-form graph (`backends.onnxruntime.FusedProgram`): its static
+    caches live in the program, the slots are bound to it, the raw streams of recent chunks are
+    kept here (as `Session` keeps them) and decide the slots after a rollback."""
+
+    def __init__(self, program):
+        self.program = program
+        super().__init__(program.io, program.manifest, program.identity, program.backend)
+
+    def reset(self) -> None:
+        super().reset()
+        # Where the next slots come from: (raw chunk, row), (slots, None), or (None, None) for
+        # the zero slots. A chunk's `slots_before` holds the source before it.
+        self._slot_source: tuple[State | None, int | None] = (None, None)
+        self._chunks: list[Chunk] = []
+        self.program.set_slots(self.slots())
+
+    def slots(self) -> State:
+        """The slots of the next position: a row of a kept raw chunk, given slots, or zeros."""
+        state, row = self._slot_source
+        if state is None:
+            return {key: np.zeros(self.io.shape(key.split(".")[1], 1), np.float32)
+                    for key in self.io.slot_keys}
+        return dict(state) if row is None else slots_from(state, self.io, row)
+
+    rollback_floor = Session.rollback_floor
+
+    def feed(self, tokens) -> np.ndarray:
+        tokens = self.check(tokens)
+        logits, raw = self.program.run(tokens, self.length)
+        self._chunks.append(Chunk(self.length, logits, raw, self._slot_source,
+                                  self.last_logits))
+        while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
+                >= ROLLBACK_WINDOW:
+            del self._chunks[0]
+        self._slot_source = (raw, -1)
+        self.tokens.extend(int(t) for t in tokens)
+        self.last_logits = logits[-1]
+        return logits
+
+    def rollback(self, length: int) -> None:
+        if not self.check_rollback(length):
+            return
+        while self._chunks[-1].start >= length and len(self._chunks) > 1:
+            self._chunks.pop()
+        chunk = self._chunks[-1]
+        keep = length - chunk.start
+        self._slot_source = (chunk.raw, keep - 1) if keep else chunk.slots_before
+        self.program.set_slots(self.slots())
+        del self.tokens[length:]
+        self.last_logits = chunk.logits[keep - 1] if keep else chunk.last_logits_before
+        if keep == 0:
+            self._chunks.pop()
+
+    def snapshot(self) -> Snapshot:
+        rows = {key: cache[:, :, :self.length].copy() for key, cache in self.program.caches.items()}
+        return Snapshot(self.identity, tuple(self.tokens),
+                        None if self.last_logits is None else self.last_logits.copy(),
+                        {**rows, **self.slots()})
+
+    def restore(self, snapshot: Snapshot) -> None:
+        self.check_snapshot(snapshot)
+        for key, cache in self.program.caches.items():
+            cache[:, :, :len(snapshot.tokens)] = snapshot.state[key]
+        self._chunks = []
+        self._slot_source = ({k: snapshot.state[k].copy() for k in self.io.slot_keys}, None)
+        self.program.set_slots(self.slots())
+        self.tokens = list(snapshot.tokens)
+        self.last_logits = snapshot.last_logits
+
+    def sizes(self) -> dict:
+        """Bytes of the program's state (static: allocated at the max length from the start)."""
+        return {"length": self.length, **self.io.state_bytes(self.length),
+                "kv_cache_bytes_at_max": self.io.state_bytes(self.io.max_seq_len)
+                ["kv_cache_bytes"]}
+
+
+def open_session(artifact: str | Path, threads: int | None = None, checked: bool = True,
+                 profile_prefix: str | None = None):
     """A session on an artifact folder, its backend and kind chosen from its manifest, with the
     artifact's tokenizer as `session.tokenizer`. Bytes this machine has not opened before are
-    first opened and self-checked in a child process (`guard.ensure_checked`)."""
+    first opened and self-checked in a child process (`guard.ensure_checked`). ONNX Runtime's
+    profiler writes to `profile_prefix` when one is given."""
     from psa_edge.runtime.guard import ensure_checked
 
     check_threads(threads)
@@ -252,9 +331,11 @@ def open_session(artifact: str | Path, threads: int | None = None, checked: bool
         ensure_checked(opened)
     backend = opened.manifest.get("backend")
     if backend == "onnxruntime":
-        from psa_edge.backends.onnxruntime import OnnxGraph
+        from psa_edge.backends.onnxruntime import FusedProgram, OnnxGraph
 
-        session = Session(OnnxGraph(opened, threads))
+        session = (FusedSession(FusedProgram(opened, threads, profile_prefix))
+                   if opened.manifest.get("form") == "fused"
+                   else Session(OnnxGraph(opened, threads, profile_prefix)))
     elif backend == "executorch":
         from psa_edge.backends.executorch import PteGraph, RunnerProgram, set_threads
 

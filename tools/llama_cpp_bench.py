@@ -1,0 +1,222 @@
+"""docs/benchmarks.md's llama.cpp block: psa-edge's PSA model against llama.cpp running its
+gamma = 0 twin, same presets, precisions and thread counts, the two taking turns.
+
+    .venv/bin/python tools/llama_cpp_bench.py --presets psa-4m psa-30m psa-92m --threads 1 2
+
+llama.cpp is built once from the source inside the llama-cpp-python package (cmake; cached in
+~/.cache/psa-edge/llama.cpp, outside the repository). The twin's weights are written as an F32
+GGUF with the `gguf` package (q/k rows permuted from the rotate-half to llama.cpp's interleaved
+RoPE, as its own converter does) and quantized by llama-quantize --pure to Q8_0 and Q4_0 (every
+matrix, lm_head and embedding included). Per round, llama-bench (-p, -n, -r) and `psa-edge
+bench` (-p, -n, -r) run alternately on every build; the table reports the median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from common import BENCH, OUT, artifact, machine, psa_edge_json, random_checkpoint, write_block
+
+LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
+CACHE = Path.home() / ".cache" / "psa-edge" / "llama.cpp"
+FOLDER = OUT / "llama-cpp"
+# psa-edge precision -> (llama.cpp type, psa-edge builds: column -> target, --quantize, --form):
+# ONNX Runtime's fused form, today's explicit-state forms. XNNPACK's int4 (one scale per
+# output channel) fails the exporter's parity probe on random weights: no XNNPACK int4 build.
+PRECISIONS = {
+    "fp32": ("F32", {"onnx-fused": ("onnx", None, "fused"),
+                     "onnx": ("onnx", None, "explicit-state"),
+                     "xnnpack": ("xnnpack", None, "explicit-state")}),
+    "int8": ("Q8_0", {"onnx-fused": ("onnx", "int8-block", "fused"),
+                      "onnx": ("onnx", "int8-dynamic", "explicit-state"),
+                      "xnnpack": ("xnnpack", "int8-dynamic", "explicit-state")}),
+    "int4": ("Q4_0", {"onnx-fused": ("onnx", "int4", "fused"),
+                      "onnx": ("onnx", "int4", "explicit-state")})}
+COLUMNS = {"onnx-fused": "ONNX Runtime, fused form", "onnx": "ONNX Runtime, explicit-state",
+           "xnnpack": "ExecuTorch XNNPACK, explicit-state"}
+
+
+def build_llama_cpp() -> Path:
+    """The folder of llama-bench and llama-quantize, built once."""
+    binaries = CACHE / "build" / "bin"
+    if (binaries / "llama-bench").exists() and (binaries / "llama-quantize").exists():
+        return binaries
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", CACHE], check=True)
+    with tarfile.open(CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as sdist:
+        sdist.extractall(CACHE, filter="data")
+    source = CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    subprocess.run(["cmake", "-S", source, "-B", CACHE / "build", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF"], check=True)
+    subprocess.run(["cmake", "--build", CACHE / "build", "-j", "--target", "llama-bench",
+                    "llama-quantize"], check=True)
+    return binaries
+
+
+def interleaved_rope_rows(weight, heads: int):
+    """q/k projection rows reordered so llama.cpp's pairwise RoPE computes HF's rotate-half."""
+    out, dim = weight.shape
+    return weight.reshape(heads, 2, out // heads // 2, dim).swapaxes(1, 2).reshape(out, dim)
+
+
+def write_gguf(checkpoint: Path, path: Path) -> None:
+    """The checkpoint's twin (its weights with gamma 0) as an F32 llama GGUF. The vocabulary is
+    placeholder strings: llama-bench feeds token ids and never tokenizes."""
+    import gguf
+
+    from psa_edge.model.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(checkpoint)
+    cfg, weights = model.cfg, {k: v.float().numpy() for k, v in model.state_dict().items()}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, cfg.vocab_size)])
+    writer.add_token_scores([0.0] * cfg.vocab_size)
+    writer.add_token_types([gguf.TokenType.NORMAL] * cfg.vocab_size)
+    writer.add_add_bos_token(False)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    writer.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"])
+    for i in range(cfg.num_hidden_layers):
+        for ours, theirs in names.items():
+            w = weights[f"model.layers.{i}.{ours}.weight"]
+            if theirs in ("attn_q", "attn_k"):
+                w = interleaved_rope_rows(w, cfg.num_attention_heads if theirs == "attn_q"
+                                          else cfg.num_key_value_heads)
+            writer.add_tensor(f"blk.{i}.{theirs}.weight", w)
+    writer.add_tensor("output_norm.weight", weights["model.norm.weight"])
+    writer.add_tensor("output.weight", weights.get("lm_head.weight",
+                                                   weights["model.embed_tokens.weight"]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def gguf_builds(preset: str, binaries: Path) -> dict[str, Path]:
+    """F32, Q8_0 and Q4_0 GGUFs of the preset's twin (Q4_0 from the checkpoint whose weights
+    are on the 4-bit grid, as psa-edge's int4 builds: `common.random_checkpoint`)."""
+    builds = {}
+    for kind, grid in (("F32", ""), ("Q8_0", ""), ("Q4_0", "-q4grid")):
+        f32 = FOLDER / f"{preset}{grid}-twin-F32.gguf"
+        if not f32.exists():
+            write_gguf(random_checkpoint(preset, BENCH / f"{preset}{grid}.pt", q4_grid=bool(grid)),
+                       f32)
+        builds[kind] = FOLDER / f"{preset}{grid}-twin-{kind}.gguf"
+        if not builds[kind].exists():
+            subprocess.run([binaries / "llama-quantize", "--pure", f32, builds[kind], kind],
+                           check=True, capture_output=True)
+    return builds
+
+
+def llama_bench(binaries: Path, gguf_path: Path, threads: int, args) -> dict:
+    out = subprocess.run([binaries / "llama-bench", "-m", gguf_path, "-p", str(args.p), "-n",
+                          str(args.n), "-r", str(args.r), "-t", str(threads), "-o", "json"],
+                         check=True, capture_output=True, text=True).stdout
+    tests = json.loads(out)
+    rate = {("pp" if t["n_prompt"] else "tg"): t["avg_ts"] for t in tests}
+    return {**rate, "build": f"{tests[0]['build_commit']} ({tests[0]['build_number']})",
+            "cpu": tests[0].get("cpu_info")}
+
+
+def psa_edge_bench(artifact: Path, threads: int, args) -> dict:
+    report = psa_edge_json("bench", artifact, "-p", args.p, "-n", args.n, "-r", args.r,
+                           "--threads", threads)
+    result = report["results"][0]
+    return {"pp": result[f"pp{args.p}"]["tokens_per_second"],
+            "tg": result[f"tg{args.n}"]["tokens_per_second"], "rss": report["peak_rss_bytes"]}
+
+
+def measure(args) -> list[dict]:
+    binaries = build_llama_cpp()
+    FOLDER.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for preset in args.presets:
+        ggufs = gguf_builds(preset, binaries)
+        for precision, (kind, builds) in PRECISIONS.items():
+            ours = {column: artifact(preset, target, quant, False, form)
+                    for column, (target, quant, form) in builds.items()}
+            for threads in args.threads:
+                cases.append({"preset": preset, "precision": precision, "kind": kind,
+                              "threads": threads, "gguf": ggufs[kind], "ours": ours})
+    rounds = []
+    for round_ in range(args.rounds):
+        for case in cases:
+            row = {"llama.cpp": llama_bench(binaries, case["gguf"], case["threads"], args)}
+            for name, build in case["ours"].items():
+                row[name] = psa_edge_bench(build, case["threads"], args)
+            rounds.append({k: v for k, v in case.items() if k not in ("gguf", "ours")} | row)
+            print(json.dumps(rounds[-1], default=str), flush=True)
+    return rounds
+
+
+def table(rounds: list[dict], args) -> str:
+    """Tokens/s per preset, precision, thread count and test (median over rounds), each build's
+    column, the best psa-edge build over llama.cpp's, and the peak RSS of the bench processes
+    (decode at max length 512: the fused form's static caches against today's form)."""
+    keys = sorted({(r["preset"], r["precision"], r["threads"]) for r in rounds},
+                  key=lambda k: (args.presets.index(k[0]), list(PRECISIONS).index(k[1]), k[2]))
+    lines = ["| preset | precision | threads | test | llama.cpp (twin) | "
+             + " | ".join(f"{c} (PSA)" for c in COLUMNS.values())
+             + " | best / llama.cpp | peak RSS MB fused / explicit |", "|" + "---|" * 10]
+    for preset, precision, threads in keys:
+        runs = [r for r in rounds if (r["preset"], r["precision"], r["threads"])
+                == (preset, precision, threads)]
+        for test in ("pp", "tg"):
+            med = {name: statistics.median(r[name][test] for r in runs)
+                   for name in runs[0] if isinstance(runs[0][name], dict)}
+            ours = {c: med[c] for c in COLUMNS if c in med}
+            cells = " | ".join(f"{ours[c]:.0f}" if c in ours else "-" for c in COLUMNS)
+            rss = " / ".join(f"{max(r[c]['rss'] for r in runs) / 1e6:.0f}"
+                             for c in ("onnx-fused", "onnx"))
+            lines.append(f"| {preset} | {precision} / {runs[0]['kind']} | {threads} | "
+                         f"{test}{args.p if test == 'pp' else args.n} | "
+                         f"{med['llama.cpp']:.0f} | {cells} | "
+                         f"**{max(ours.values()) / med['llama.cpp']:.2f}** | {rss} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["psa-4m", "psa-30m", "psa-92m"])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("-p", type=int, default=128)
+    parser.add_argument("-n", type=int, default=128)
+    parser.add_argument("-r", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rounds = measure(args)
+    (FOLDER / "results.json").write_text(json.dumps(rounds, indent=1, default=str))
+    first = rounds[0]["llama.cpp"]
+    block = (f"{machine()}; llama.cpp {first['build']} from llama-cpp-python "
+             f"{LLAMA_CPP_PYTHON}'s source, built with cmake (Release, native). Tokens/s, median "
+             f"of {args.rounds} rounds of llama-bench and `psa-edge bench` taking turns, each "
+             f"-p {args.p} -n {args.n} -r {args.r}; random weights, PSA key-only 0.8 against "
+             f"llama.cpp's GGUF of its twin.\n\n" + table(rounds, args) + "\n")
+    write_block("llama-cpp", block, "docs/benchmarks.md")
+    print(block)
+
+
+if __name__ == "__main__":
+    main()
