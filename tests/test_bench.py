@@ -23,6 +23,9 @@ SMALL = BenchSpec(prompt=8, gen=8, reps=1)
 
 
 def test_bench_json_has_every_field(artifacts, tmp_path):
+    from psa_edge.runtime.bench import peak_rss_bytes
+
+    ballast = np.ones(400_000_000 // 8)  # this process's peak, far above a bench process's
     plot = tmp_path / "bench.png"
     result = cli("bench", artifacts["onnx"], "--vs", artifacts["onnx-twin"], "-p", "8", "-n",
                  "8", "-r", "1", "--threads", "1", "--json", "--plot", plot)
@@ -31,6 +34,8 @@ def test_bench_json_has_every_field(artifacts, tmp_path):
     assert report["spec"] == {"prompt": 8, "gen": 8, "reps": 1, "depth": 0, "threads": 1}
     assert set(report["machine"]) >= {"cpu", "cores", "arch", "os"}
     assert report["threads"] == "1" and report["peak_rss_bytes"] > 0
+    # the child's own high-water mark, not the one it inherited from this process at fork
+    assert report["peak_rss_bytes"] < peak_rss_bytes() - ballast.nbytes // 2
     psa, twin = report["results"]
     assert (psa["label"], twin["label"]) == ("artifact", "twin")
     for r in (psa, twin):

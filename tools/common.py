@@ -140,7 +140,7 @@ def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str)
                              q4_grid=grid)
     name = "-".join([preset, target, quant or "fp32"] + ([form] if form != "explicit-state"
                                                          else []) + (["twin"] if twin else []))
-    return export_once(ckpt, BENCH / name, target, quant, twin, form, MAX_LEN)
+    return export_once(ckpt, BENCH / name, target, quant, bool(twin), form, MAX_LEN)
 
 
 def kept_block(page: str, name: str) -> str:

@@ -33,13 +33,14 @@ PRECISIONS = {
     "fp32": ("F32", {"onnx-fused": ("onnx", None, "fused"),
                      "onnx": ("onnx", None, "explicit-state"),
                      "xnnpack": ("xnnpack", None, "explicit-state")}),
-    "int8": ("Q8_0", {"onnx-fused": ("onnx", "int8-block", "fused"),
+    "int8": ("Q8_0", {"onnx-fused": ("onnx", "int8-dynamic", "fused"),
+                      "onnx-fused-block": ("onnx", "int8-block", "fused"),
                       "onnx": ("onnx", "int8-dynamic", "explicit-state"),
                       "xnnpack": ("xnnpack", "int8-dynamic", "explicit-state")}),
     "int4": ("Q4_0", {"onnx-fused": ("onnx", "int4", "fused"),
                       "onnx": ("onnx", "int4", "explicit-state")})}
-COLUMNS = {"onnx-fused": "ONNX Runtime, fused form", "onnx": "ONNX Runtime, explicit-state",
-           "xnnpack": "ExecuTorch XNNPACK, explicit-state"}
+COLUMNS = {"onnx-fused": "ONNX Runtime, fused form", "onnx-fused-block": "the same, int8-block",
+           "onnx": "ONNX Runtime, explicit-state", "xnnpack": "ExecuTorch XNNPACK, explicit-state"}
 
 
 def build_llama_cpp() -> Path:
@@ -154,7 +155,7 @@ def measure(args) -> list[dict]:
     cases = []
     for preset in args.presets:
         ggufs = gguf_builds(preset, binaries)
-        for precision, (kind, builds) in PRECISIONS.items():
+        for precision, (kind, builds) in ((p, PRECISIONS[p]) for p in args.precisions):
             ours = {column: artifact(preset, target, quant, False, form)
                     for column, (target, quant, form) in builds.items()}
             for threads in args.threads:
@@ -179,7 +180,7 @@ def table(rounds: list[dict], args) -> str:
                   key=lambda k: (args.presets.index(k[0]), list(PRECISIONS).index(k[1]), k[2]))
     lines = ["| preset | precision | threads | test | llama.cpp (twin) | "
              + " | ".join(f"{c} (PSA)" for c in COLUMNS.values())
-             + " | best / llama.cpp | peak RSS MB fused / explicit |", "|" + "---|" * 10]
+             + " | best / llama.cpp | peak RSS MB fused / explicit |", "|" + "---|" * 11]
     for preset, precision, threads in keys:
         runs = [r for r in rounds if (r["preset"], r["precision"], r["threads"])
                 == (preset, precision, threads)]
@@ -188,12 +189,42 @@ def table(rounds: list[dict], args) -> str:
                    for name in runs[0] if isinstance(runs[0][name], dict)}
             ours = {c: med[c] for c in COLUMNS if c in med}
             cells = " | ".join(f"{ours[c]:.0f}" if c in ours else "-" for c in COLUMNS)
-            rss = " / ".join(f"{max(r[c]['rss'] for r in runs) / 1e6:.0f}"
+            rss = " / ".join(f"{min(r[c]['rss'] for r in runs) / 1e6:.0f}"
                              for c in ("onnx-fused", "onnx"))
             lines.append(f"| {preset} | {precision} / {runs[0]['kind']} | {threads} | "
                          f"{test}{args.p if test == 'pp' else args.n} | "
                          f"{med['llama.cpp']:.0f} | {cells} | "
                          f"**{max(ours.values()) / med['llama.cpp']:.2f}** | {rss} |")
+    return "\n".join(lines)
+
+
+# the operators of a weight matrix product (int8-dynamic: the activations' quantization too)
+LINEAR_OPS = ("MatMul", "MatMulNBits", "DynamicQuantizeMatMul", "MatMulInteger",
+              "DynamicQuantizeLinear")
+
+
+def profiles(rounds: list[dict], args) -> str:
+    """Where a fused-form token's time goes at 1 thread (`psa-edge bench --profile`, whose
+    profiler adds its own cost to every node), beside llama.cpp's whole token."""
+    lines = ["| preset | precision | llama.cpp token | psa-edge token (fused form): unprofiled "
+             "/ profiled | weight MatMuls | GroupQueryAttention | other operators | outside "
+             "ONNX Runtime |", "|" + "---|" * 8]
+    for preset in args.presets:
+        for precision, (kind, builds) in PRECISIONS.items():
+            target, quant, form = builds["onnx-fused"]
+            report = psa_edge_json("bench", artifact(preset, target, quant, False, form),
+                                   "--profile", "-p", args.p, "-n", args.n, "--threads", 1)
+            ops = report["kernel_us_per_token"]
+            weights = sum(ops.get(op, 0) for op in LINEAR_OPS)
+            attention = ops.get("GroupQueryAttention", 0)
+            runs = [r for r in rounds if (r["preset"], r["precision"], r["threads"])
+                    == (preset, precision, 1)]
+            llama, ours = (statistics.median(1e6 / r[name]["tg"] for r in runs)
+                           for name in ("llama.cpp", "onnx-fused"))
+            lines.append(f"| {preset} | {precision} / {kind} | {llama:.0f} | {ours:.0f} / "
+                         f"{report['wall_us_per_token']:.0f} | {weights:.0f} | {attention:.0f} | "
+                         f"{sum(ops.values()) - weights - attention:.0f} | "
+                         f"{report['outside_ort_us_per_token']:.0f} |")
     return "\n".join(lines)
 
 
@@ -205,15 +236,27 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("-r", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS),
+                        default=list(PRECISIONS), help="measure these, keep the others' results")
+    parser.add_argument("--render", action="store_true", help="the page from the last results")
     args = parser.parse_args()
-    rounds = measure(args)
-    (FOLDER / "results.json").write_text(json.dumps(rounds, indent=1, default=str))
+    results = FOLDER / "results.json"
+    rounds = json.loads(results.read_text()) if results.exists() else []
+    if not args.render:
+        rounds = [r for r in rounds if r["precision"] not in args.precisions] + measure(args)
+        results.write_text(json.dumps(rounds, indent=1, default=str))
     first = rounds[0]["llama.cpp"]
     block = (f"{machine()}; llama.cpp {first['build']} from llama-cpp-python "
              f"{LLAMA_CPP_PYTHON}'s source, built with cmake (Release, native). Tokens/s, median "
              f"of {args.rounds} rounds of llama-bench and `psa-edge bench` taking turns, each "
              f"-p {args.p} -n {args.n} -r {args.r}; random weights, PSA key-only 0.8 against "
-             f"llama.cpp's GGUF of its twin.\n\n" + table(rounds, args) + "\n")
+             f"llama.cpp's GGUF of its twin. Peak RSS: the bench process's VmHWM (its smallest "
+             f"over rounds), fused form / explicit-state form, both at max length 512.\n\n"
+             + table(rounds, args) + "\n\nWhere a decoded token's time goes, 1 thread, "
+             f"-p {args.p} -n {args.n} (microseconds per token; the operator columns are "
+             f"ONNX Runtime's profile, whose own cost per node inflates the small operators "
+             f"most, `psa-edge bench --profile`):\n\n"
+             + profiles(rounds, args) + "\n")
     write_block("llama-cpp", block, "docs/benchmarks.md")
     print(block)
 

@@ -8,10 +8,10 @@ full-sequence forward, and the logit scale.
 - fp32 artifacts: a PROBE_LEN random probe; pass within `reference.FP32_RTOL` of the logit
   scale (docs/spec.md §3).
 - int8 artifacts: an INT8_PROBE_LEN held-out sequence of the checkpoint's task (random tokens
-  give a trained model nothing to be sure of); pass within `reference.INT8_RTOL` (int4: `INT4_RTOL`) of the scale,
-  with argmax agreement >= INT8_MIN_AGREEMENT on the positions the reference has decided. At a
-  near-tie any rounding may flip the argmax; that is not a broken build, a flip where the
-  reference is decided is. Agreement over all positions is reported.
+  give a trained model nothing to be sure of); pass within `reference.INT8_RTOL` (int4:
+  `INT4_RTOL`) of the scale, with argmax agreement >= INT8_MIN_AGREEMENT on the positions the
+  reference has decided. At a near-tie any rounding may flip the argmax; that is not a broken
+  build, a flip where the reference is decided is. Agreement over all positions is reported.
 `passed` is False otherwise; the exporter then refuses the artifact. `self_check` is the
 artifact's own fingerprint on a few tokens, which a later first open compares (`runtime.guard`).
 """
@@ -54,7 +54,8 @@ def probe_parity(reference: Reference, folder: Path) -> dict:
     tokens = (int8_probe_tokens(manifest, reference.model.tokenizer) if int8
               else probe_tokens(reference.vocab_size))
     expected = reference.logits(tokens)
-    scale, limit = logit_scale(expected), tolerance(expected, (manifest.get("quantization") or {}).get("scheme"))
+    scheme = (manifest.get("quantization") or {}).get("scheme")
+    scale, limit = logit_scale(expected), tolerance(expected, scheme)
     top2 = np.sort(expected, -1)[:, -2:]
     decided = (top2[:, 1] - top2[:, 0]) > INT8_DECIDED_MARGIN * scale
     errors, agreement, decided_agreement = {}, {}, {}

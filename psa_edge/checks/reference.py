@@ -3,9 +3,10 @@
 Contract:
 - Tolerances are relative to the logit scale `max(1, max |logit|)` of the reference on the
   probe: fp32 artifacts FP32_RTOL (docs/spec.md §3); int8 artifacts INT8_RTOL (int4:
-  INT4_RTOL) against the reference, plus argmax agreement >= INT8_MIN_AGREEMENT on the positions the reference has
-  decided (top-2 gap above INT8_DECIDED_MARGIN of the scale). Speculative greedy equality may
-  diverge only where the target's top-2 margin is below TIE_MARGIN.
+  INT4_RTOL) against the reference, plus argmax agreement >= INT8_MIN_AGREEMENT on the
+  positions the reference has decided (top-2 gap above INT8_DECIDED_MARGIN of the scale).
+  Speculative greedy equality may diverge only where the target's top-2 margin is below
+  TIE_MARGIN.
 - `feed_chunks(session, tokens, chunks)` resets a session (any form) and feeds the chunks in
   order; it returns the logits of every position. Every check feeds through it.
 - `Reference(model)` is the float reference: the eager fp32 full-sequence forward

@@ -69,6 +69,8 @@ def check_request(req: ExportRequest) -> ExportRequest:
         raise ExportError(f"unknown target {req.target!r}; choose one of {', '.join(TARGETS)}")
     if req.form not in FORMS:
         raise ExportError(f"unknown form {req.form!r}; choose one of {', '.join(FORMS)}")
+    if not isinstance(req.twin, bool):  # the manifest records it, and readers check its type
+        raise ExportError(f"twin must be true or false, got {req.twin!r}")
     target, _ = req.stages
     if req.form not in target.forms:
         where = "onnx" if req.form == "fused" else "xnnpack or portable"

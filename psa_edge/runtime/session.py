@@ -295,7 +295,8 @@ class FusedSession(BaseSession):
             self._chunks.pop()
 
     def snapshot(self) -> Snapshot:
-        rows = {key: cache[:, :, :self.length].copy() for key, cache in self.program.caches.items()}
+        rows = {key: cache[:, :, :self.length].copy()
+                for key, cache in self.program.caches.items()}
         return Snapshot(self.identity, tuple(self.tokens),
                         None if self.last_logits is None else self.last_logits.copy(),
                         {**rows, **self.slots()})
