@@ -52,7 +52,7 @@ class Chunk:
     start: int
     logits: np.ndarray
     raw: State
-    slots_before: State
+    slots_before: object  # the slots before it (fused form: where they come from)
     last_logits_before: np.ndarray | None
 
 
@@ -100,7 +100,44 @@ class BaseSession:
                                 f"{snapshot.identity[:12]}...), not on this one")
 
 
-class Session(BaseSession):
+class ChunkedSession(BaseSession):
+    """A session whose slots after a rollback come from the raw streams of the chunks it fed
+    (explicit-state and fused forms): it keeps the recent chunks (at least the last, else
+    ROLLBACK_WINDOW positions)."""
+
+    def reset(self) -> None:
+        super().reset()
+        self._chunks: list[Chunk] = []
+
+    @property
+    def rollback_floor(self) -> int:
+        """The earliest position `rollback` can return to."""
+        return self._chunks[0].start if self._chunks else self.length
+
+    def record(self, tokens: np.ndarray, logits: np.ndarray, raw: State, slots_before) -> None:
+        """Keep a fed chunk and advance the sequence over it."""
+        self._chunks.append(Chunk(self.length, logits, raw, slots_before, self.last_logits))
+        while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
+                >= ROLLBACK_WINDOW:
+            del self._chunks[0]
+        self.tokens.extend(int(t) for t in tokens)
+        self.last_logits = logits[-1]
+
+    def rewind(self, length: int) -> tuple[Chunk, int]:
+        """Back to a checked `length`: the chunk that held position length - 1 (or began at
+        `length`) and how many of its positions stay (0: none, and the chunk is dropped)."""
+        while self._chunks[-1].start >= length and len(self._chunks) > 1:
+            self._chunks.pop()
+        chunk = self._chunks[-1]
+        keep = length - chunk.start
+        del self.tokens[length:]
+        self.last_logits = chunk.logits[keep - 1] if keep else chunk.last_logits_before
+        if keep == 0:
+            self._chunks.pop()
+        return chunk, keep
+
+
+class Session(ChunkedSession):
     """A sequence over an explicit-state graph (`backends.base.Graph`)."""
 
     def __init__(self, graph):
@@ -110,42 +147,23 @@ class Session(BaseSession):
     def reset(self) -> None:
         super().reset()
         self.state: State = self.io.empty_state()
-        self._chunks: list[Chunk] = []
-
-    @property
-    def rollback_floor(self) -> int:
-        """The earliest position `rollback` can return to."""
-        return self._chunks[0].start if self._chunks else self.length
 
     def feed(self, tokens) -> np.ndarray:
         tokens = self.check(tokens)
         logits, state, raw = self.graph.step(tokens, self.state)
-        slots = {k: self.state[k] for k in self.io.slot_keys}
-        self._chunks.append(Chunk(self.length, logits, raw, slots, self.last_logits))
-        while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
-                >= ROLLBACK_WINDOW:
-            del self._chunks[0]
+        self.record(tokens, logits, raw, {k: self.state[k] for k in self.io.slot_keys})
         self.state = state
-        self.tokens.extend(int(t) for t in tokens)
-        self.last_logits = logits[-1]
         return logits
 
     def rollback(self, length: int) -> None:
         if not self.check_rollback(length):
             return
-        while self._chunks[-1].start >= length and len(self._chunks) > 1:
-            self._chunks.pop()
-        chunk = self._chunks[-1]
-        keep = length - chunk.start  # positions of that chunk that stay (0: none of it)
+        chunk, keep = self.rewind(length)
         state = {key: np.ascontiguousarray(self.state[key][:, :, :length])
                  for key, _, _ in self.io.cache_io}
         state.update(chunk.slots_before if keep == 0 else slots_from(chunk.raw, self.io,
                                                                       keep - 1))
         self.state = state
-        del self.tokens[length:]
-        self.last_logits = chunk.logits[keep - 1] if keep else chunk.last_logits_before
-        if keep == 0:
-            self._chunks.pop()
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.identity, tuple(self.tokens),
@@ -240,7 +258,7 @@ class RunnerSession(BaseSession):
                 ["kv_cache_bytes"]}
 
 
-class FusedSession(BaseSession):
+class FusedSession(ChunkedSession):
     """A sequence over a fused-form graph (`backends.onnxruntime.FusedProgram`): its static
     caches live in the program, the slots are bound to it, the raw streams of recent chunks are
     kept here (as `Session` keeps them) and decide the slots after a rollback."""
@@ -254,7 +272,6 @@ class FusedSession(BaseSession):
         # Where the next slots come from: (raw chunk, row), (slots, None), or (None, None) for
         # the zero slots. A chunk's `slots_before` holds the source before it.
         self._slot_source: tuple[State | None, int | None] = (None, None)
-        self._chunks: list[Chunk] = []
         self.program.set_slots(self.slots())
 
     def slots(self) -> State:
@@ -265,34 +282,19 @@ class FusedSession(BaseSession):
                     for key in self.io.slot_keys}
         return dict(state) if row is None else slots_from(state, self.io, row)
 
-    rollback_floor = Session.rollback_floor
-
     def feed(self, tokens) -> np.ndarray:
         tokens = self.check(tokens)
         logits, raw = self.program.run(tokens, self.length)
-        self._chunks.append(Chunk(self.length, logits, raw, self._slot_source,
-                                  self.last_logits))
-        while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
-                >= ROLLBACK_WINDOW:
-            del self._chunks[0]
+        self.record(tokens, logits, raw, self._slot_source)
         self._slot_source = (raw, -1)
-        self.tokens.extend(int(t) for t in tokens)
-        self.last_logits = logits[-1]
         return logits
 
     def rollback(self, length: int) -> None:
         if not self.check_rollback(length):
             return
-        while self._chunks[-1].start >= length and len(self._chunks) > 1:
-            self._chunks.pop()
-        chunk = self._chunks[-1]
-        keep = length - chunk.start
+        chunk, keep = self.rewind(length)
         self._slot_source = (chunk.raw, keep - 1) if keep else chunk.slots_before
         self.program.set_slots(self.slots())
-        del self.tokens[length:]
-        self.last_logits = chunk.logits[keep - 1] if keep else chunk.last_logits_before
-        if keep == 0:
-            self._chunks.pop()
 
     def snapshot(self) -> Snapshot:
         rows = {key: cache[:, :, :self.length].copy()
