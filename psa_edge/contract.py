@@ -197,6 +197,11 @@ class GraphIO:
         return tuple(RAW_OF_SLOT[f] for f in self.slot_fields)
 
     @property
+    def static_cache(self) -> bool:
+        """Whether the caches exist at the max length from the start (runner and fused forms)."""
+        return self.form != "explicit-state"
+
+    @property
     def window(self) -> int:
         """Raw positions a runner-form program keeps (0 without a shear)."""
         return min(RUNNER_WINDOW, self.max_seq_len) if self.slot_fields else 0
@@ -288,7 +293,7 @@ class GraphIO:
         extra = sum(int(np.prod(self.shape(k.split(".")[1], 1))) for k in self.slot_keys)
         if self.form == "runner":
             extra = sum(int(np.prod(s)) for n, s in self.buffers.items() if n.startswith("raw"))
-        if self.form in ("runner", "fused"):  # static: the whole cache exists from the start
+        if self.static_cache:
             length = self.max_seq_len
         return {"kv_cache_bytes": FLOAT_BYTES * per_position * length,
                 "extra_bytes": FLOAT_BYTES * extra}

@@ -187,16 +187,23 @@ add more than the rest: a floor of the runtime's kernels at these sizes, not of 
     print(block)
 
 
+def build_ratios(preset: str, builds, form: str, args) -> list[tuple]:
+    """(preset, target, precision, first report, pooled decode p50 ratios) per build."""
+    p50 = f"tg{args.n}_latency_p50"
+    rows = []
+    for target, quant in builds:
+        psa, twin = (artifact(preset, target, quant, t, form) for t in (0, 1))
+        report, ratios = pooled_ratios(psa, twin, args, (p50,))
+        rows.append((preset, target, quant or "fp32", report, ratios[p50]))
+        print(f"{preset} {target} {form} {quant or 'fp32'}: {ratio_text(ratios[p50])}",
+              flush=True)
+    return rows
+
+
 def fused_ratios(args) -> None:
     """docs/benchmarks.md's fused block: the fused builds' PSA / twin decode ratios."""
     p50 = f"tg{args.n}_latency_p50"
-    rows = []
-    for preset in args.presets:
-        for target, quant in FUSED:
-            psa, twin = (artifact(preset, target, quant, t, "fused") for t in (0, 1))
-            report, ratios = pooled_ratios(psa, twin, args, (p50,))
-            rows.append((preset, target, quant or "fp32", report, ratios[p50]))
-            print(f"{preset} fused {quant or 'fp32'}: {ratio_text(ratios[p50])}", flush=True)
+    rows = [row for preset in args.presets for row in build_ratios(preset, FUSED, "fused", args)]
     twin = artifact(args.presets[0], "onnx", None, True, "fused")
     control = aa_control(twin, args, (p50,))[p50]
     table, above = main_rows(rows, args, gemm_peak(args.threads))
@@ -260,11 +267,7 @@ def main() -> None:
     p50 = f"tg{args.n}_latency_p50"
     rows, runner = [], []
     for preset in args.presets:
-        for target, quant in BUILDS:
-            psa, twin = (artifact(preset, target, quant, t, "explicit-state") for t in (0, 1))
-            report, ratios = pooled_ratios(psa, twin, args, (p50,))
-            rows.append((preset, target, quant or "fp32", report, ratios[p50]))
-            print(f"{preset} {target} {quant or 'fp32'}: {ratio_text(ratios[p50])}", flush=True)
+        rows += build_ratios(preset, BUILDS, "explicit-state", args)
         psa, twin = (artifact(preset, "xnnpack", None, t, "runner") for t in (0, 1))
         runner.append((preset, pooled_ratios(psa, twin, args, (p50, RUNNER_DECODE))[1]))
     first = args.presets[0]

@@ -172,6 +172,11 @@ def measure(args) -> list[dict]:
     return rounds
 
 
+def runs_of(rounds: list[dict], preset: str, precision: str, threads: int) -> list[dict]:
+    return [r for r in rounds if (r["preset"], r["precision"], r["threads"])
+            == (preset, precision, threads)]
+
+
 def table(rounds: list[dict], args) -> str:
     """Tokens/s per preset, precision, thread count and test (median over rounds), each build's
     column, the best psa-edge build over llama.cpp's, and the peak RSS of the bench processes
@@ -182,8 +187,7 @@ def table(rounds: list[dict], args) -> str:
              + " | ".join(f"{c} (PSA)" for c in COLUMNS.values())
              + " | best / llama.cpp | peak RSS MB fused / explicit |", "|" + "---|" * 11]
     for preset, precision, threads in keys:
-        runs = [r for r in rounds if (r["preset"], r["precision"], r["threads"])
-                == (preset, precision, threads)]
+        runs = runs_of(rounds, preset, precision, threads)
         for test in ("pp", "tg"):
             med = {name: statistics.median(r[name][test] for r in runs)
                    for name in runs[0] if isinstance(runs[0][name], dict)}
@@ -217,8 +221,7 @@ def profiles(rounds: list[dict], args) -> str:
             ops = report["kernel_us_per_token"]
             weights = sum(ops.get(op, 0) for op in LINEAR_OPS)
             attention = ops.get("GroupQueryAttention", 0)
-            runs = [r for r in rounds if (r["preset"], r["precision"], r["threads"])
-                    == (preset, precision, 1)]
+            runs = runs_of(rounds, preset, precision, 1)
             llama, ours = (statistics.median(1e6 / r[name]["tg"] for r in runs)
                            for name in ("llama.cpp", "onnx-fused"))
             lines.append(f"| {preset} | {precision} / {kind} | {llama:.0f} | {ours:.0f} / "

@@ -233,7 +233,7 @@ def twin_sizer(session, reference: Reference | None, twin: Path | None):
             raise ArtifactError(f"{twin} has another config than the artifact (beyond gamma)")
         if twin_session.manifest.get("form") != manifest.get("form"):
             raise ArtifactError(f"{twin} is not of the artifact's form {manifest.get('form')}")
-    elif session.io.form in ("runner", "fused") or reference is None:
+    elif session.io.static_cache or reference is None:
         io = GraphIO.from_config({**manifest["config"], "gamma_q": 0.0, "gamma_k": 0.0},
                                  session.io.max_seq_len, session.io.form)
         return lambda tokens: io.state_bytes(len(tokens))

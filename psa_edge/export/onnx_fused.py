@@ -72,7 +72,7 @@ def shear(g: GraphWriter, stream: str, slot: str, seq: str, gamma: float) -> str
     return g.op("Add", [stream, scaled])[0]
 
 
-def attention(g: GraphWriter, w: dict, cfg, i: int, normed: str, io: GraphIO) -> str:
+def attention(g: GraphWriter, w: dict, cfg, i: int, normed: str) -> str:
     prefix, h, hkv, dh = f"model.layers.{i}.self_attn.", cfg.num_attention_heads, \
         cfg.num_key_value_heads, cfg.head_dim
     qkv_weight = np.concatenate([w[prefix + f"{p}_proj.weight"] for p in "qkv"]).T
@@ -154,7 +154,7 @@ def build(model, max_len: int) -> onnx.ModelProto:
         layer = f"model.layers.{i}."
         normed, residual = norm(g, x, residual, w[layer + "input_layernorm.weight"],
                                 layer + "input_layernorm.weight", cfg.rms_norm_eps)
-        x = attention(g, w, cfg, i, normed, io)
+        x = attention(g, w, cfg, i, normed)
         normed, residual = norm(g, x, residual, w[layer + "post_attention_layernorm.weight"],
                                 layer + "post_attention_layernorm.weight", cfg.rms_norm_eps)
         x = mlp(g, w, cfg, i, normed)
