@@ -4,6 +4,7 @@ The shipped default model is the subject where accuracy matters (a good and a de
 damaged int8 build); tiny random models cover determinism, delegation, the shear's placement
 in fp32 and cache parity with the twin. Each artifact is exported once per session."""
 
+import copy
 import json
 import os
 
@@ -20,7 +21,7 @@ from psa_edge.export import pipeline
 from psa_edge.export.pipeline import ExportRequest, run_export
 from psa_edge.export.quantize import QuantSpec, onnx_shear_nodes
 from psa_edge.io import sha256_file
-from psa_edge.model.checkpoint import save_checkpoint
+from psa_edge.model.checkpoint import load_checkpoint, save_checkpoint
 from psa_edge.runtime.session import open_session
 
 DEFAULT = REPO / "models" / "psa-default.pt"
@@ -179,6 +180,43 @@ def test_quantized_linears_are_delegated(int8, default_int8, build, linears):
         assert not any(k in op for k in ("linear", "quantize", "choose_qparams", "mm")), op
 
 
+def per_channel_4bit(model):
+    """A copy of `model` whose linears hold their 4-bit symmetric rounding ([-8, 7], scale =
+    max |w| / 7.5) with one scale per output channel."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for linear in (m for m in model.modules() if isinstance(m, torch.nn.Linear)):
+            w = linear.weight
+            scale = w.abs().amax(-1, keepdim=True) / 7.5
+            linear.weight.copy_((w / scale).round().clamp(-8, 7) * scale)
+    return model
+
+
+def test_xnnpack_int4_runs_torchao_8da4w(default_int8):
+    """XNNPACK's int4 logits follow torchao's own eager 8da4w model (4-bit weights in groups of
+    32, int8 activations per token): several times closer to it than to fp32 or to 4-bit
+    weights with one scale per output channel, so the program runs the group-wise weights."""
+    from psa_edge.export.quantize import quantize_8da4w
+
+    model = load_checkpoint(DEFAULT)[0].float().eval()
+    tokens = np.random.default_rng(0).integers(0, model.cfg.vocab_size, 96)
+    built = open_session(default_int8["xnnpack-int4"]).feed(tokens)
+
+    def rms_error(m):
+        with torch.no_grad():
+            logits = m(torch.from_numpy(tokens)[None])
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        return float(np.sqrt(((built - logits[0].numpy()) ** 2).mean()))
+
+    eager, channel = rms_error(quantize_8da4w(copy.deepcopy(model))), rms_error(
+        per_channel_4bit(model))
+    fp32 = rms_error(model)
+    assert eager < 0.2 * min(channel, fp32), (eager, channel, fp32)
+    manifest = manifest_of(default_int8["xnnpack-int4"])
+    assert "groups of 32" in manifest["quantization"]["weights"]
+    assert manifest["parity"]["min_agreement"] == 0.90
+
+
 def test_onnx_static_int8_runs_integer_matmuls(int8, tmp_path):
     """ONNX Runtime's CPU provider fuses every quantized linear into a QLinearMatMul: no weight
     is dequantized on every call (with int8 activations it left most of them float)."""
@@ -238,6 +276,16 @@ def test_int8_incremental_decoding_holds_under_chunking(int8, tiny_checkpoint):
         assert np.abs(feed_chunks(session, tokens, chunks) - whole).max() < 1e-3
     reference = Reference.of_checkpoint(tiny_checkpoint).logits(tokens)
     assert np.abs(whole - reference).max() <= checks.tolerance(reference, "int8")
+
+
+def test_xnnpack_int4_refuses_linears_not_in_groups_of_32(tmp_path):
+    """8da4w groups 32 inputs per scale: a hidden size of 48 is refused by name before anything
+    is written."""
+    path = tmp_path / "odd.pt"
+    save_checkpoint(path, make_model("key-only", hidden_size=48, intermediate_size=96), {})
+    with pytest.raises(ExportError, match="multiple of 32.*takes 48"):
+        run_export(ExportRequest(path, "xnnpack", tmp_path / "m", TINY_LEN, quant=INT4))
+    assert sorted(os.listdir(tmp_path)) == ["odd.pt", "odd.pt.json"]
 
 
 def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatch):

@@ -115,7 +115,7 @@ def report(args) -> None:
     for name, checkpoint in ((n, c) for n, c in MODELS.items() if c.exists()):
         summaries[name] = json.loads(Path(f"{checkpoint}.json").read_text())["metadata"]
         for target, quant in (("onnx", None), ("onnx", "int8-dynamic"), ("onnx", "int4"),
-                              ("xnnpack", None), ("xnnpack", "int8-dynamic")):
+                              ("xnnpack", None), ("xnnpack", "int8-dynamic"), ("xnnpack", "int4")):
             folder = export_once(checkpoint, CODE / f"{name}-{target}-{quant or 'fp32'}",
                                  target, quant, max_seq_len=256)
             check = psa_edge_json("quant-check", checkpoint, folder, "--samples", args.samples,

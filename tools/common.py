@@ -56,14 +56,30 @@ def psa_edge_json(*args, **kwargs) -> dict:
     return json.loads(psa_edge(*args, "--json", **kwargs).stdout)
 
 
+def snap_to_q4_grid(blocks, grid: str) -> None:
+    """Blocks of 32 weights snapped, in place, to the values a 4-bit quantizer keeps. "q4_0":
+    step = the block's largest-magnitude weight / -8, as ONNX Runtime's MLAS and llama.cpp's
+    Q4_0 compute it, weights k * step with k in [-8, 7]. "8da4w": the same after negating each
+    block whose peak is positive, so the peak is -8 steps: torchao's HQQ starts from the scale
+    max |w| / 8, which is then the step, and its least-squares fit keeps it. Both lossless."""
+    import torch
+
+    peak = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+    if grid == "8da4w":
+        blocks.mul_(torch.where(peak > 0, -1.0, 1.0))
+        peak = -peak.abs()
+    step = torch.where(peak == 0, torch.ones_like(peak), peak / -8)
+    blocks.copy_((blocks / step).round().clamp(-8, 7) * step)
+
+
 def random_checkpoint(preset: str, path: Path, vocab_task: bool = True,
-                      q4_grid: bool = False) -> Path:
+                      q4_grid: str | None = None) -> Path:
     """A checkpoint of a preset with random weights (seed 0, key-only gamma_k 0.8): speed and
     size do not depend on what the weights learned. It records an ih-sht task of its vocabulary
-    so that static int8 can calibrate. `q4_grid`: every linear's weights snapped to the 4-bit
-    grid of blocks of 32 (scale = the block's largest-magnitude weight / -8, as ONNX Runtime's
-    MLAS and llama.cpp's Q4_0 compute it), so 4-bit weights lose nothing: random psa-92m's own
-    weights lose so much at 4 bits that the exporter's parity gate refuses the build."""
+    so that static int8 can calibrate. `q4_grid` ("q4_0" for ONNX Runtime and llama.cpp, "8da4w"
+    for XNNPACK): every linear's weights snapped to that quantizer's 4-bit grid
+    (`snap_to_q4_grid`): random psa-92m's own weights lose so much at 4 bits that the
+    exporter's parity gate refuses the build."""
     import torch
 
     from psa_edge.model import PSATransformer, preset_config
@@ -75,10 +91,7 @@ def random_checkpoint(preset: str, path: Path, vocab_task: bool = True,
         with torch.no_grad():
             for name, weight in model.named_parameters():
                 if q4_grid and weight.dim() == 2 and "embed_tokens" not in name:
-                    blocks = weight.view(weight.shape[0], -1, 32)
-                    peak = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
-                    step = torch.where(peak == 0, torch.ones_like(peak), peak / -8)
-                    blocks.copy_((blocks / step).round().clamp(-8, 7) * step)
+                    snap_to_q4_grid(weight.view(weight.shape[0], -1, 32), q4_grid)
         task = {"name": "ih-sht", "params": {"seq_len": 256,
                                              "alphabet": model.cfg.vocab_size}}
         save_checkpoint(path, model, {"task": task if vocab_task else None,
@@ -110,22 +123,24 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
                 twin: bool = False, form: str = "explicit-state",
                 max_seq_len: int | None = None) -> Path:
     """An artifact of `checkpoint` at `folder`, exported unless one is there that this psa-edge
-    would write the same way (same source, graph I/O and int8 activation scheme)."""
+    would write the same way (same source, graph I/O, and weight and activation layouts)."""
     from psa_edge.contract import GraphIO
     from psa_edge.errors import PsaEdgeError
     from psa_edge.export.pipeline import TARGETS, ExportRequest, run_export
-    from psa_edge.export.quantize import QuantSpec, activations
+    from psa_edge.export.quantize import QuantSpec, calibration_record
     from psa_edge.io import read_artifact, sha256_file
 
     spec = QuantSpec(quant) if quant else None
+    layouts = ("weights", "activations")
+    expected = spec and calibration_record(None, None, spec, TARGETS[target])
     try:
         m = read_artifact(folder).manifest
         GraphIO.from_manifest(m)
         same = ("self_check" in m and m["source_checkpoint"]["sha256"] == sha256_file(checkpoint)
                 and m["twin"] == twin and m["form"] == form
                 and (max_seq_len is None or m["max_seq_len"] == max_seq_len)
-                and (m["quantization"] or {}).get("activations") == (
-                    spec and activations(spec, TARGETS[target])))
+                and [(m["quantization"] or {}).get(k) for k in layouts]
+                == [(expected or {}).get(k) for k in layouts])
     except (PsaEdgeError, KeyError):
         same = False
     if not same:
@@ -135,9 +150,9 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
 
 def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str) -> Path:
     """The benchmark build of a random-weight preset (out/bench/), exported once."""
-    grid = quant == "int4"  # see random_checkpoint
-    ckpt = random_checkpoint(preset, BENCH / f"{preset}{'-q4grid' if grid else ''}.pt",
-                             q4_grid=grid)
+    grid = None if quant != "int4" else "8da4w" if target == "xnnpack" else "q4_0"
+    suffix = {None: "", "q4_0": "-q4grid", "8da4w": "-8da4w-grid"}[grid]
+    ckpt = random_checkpoint(preset, BENCH / f"{preset}{suffix}.pt", q4_grid=grid)
     name = "-".join([preset, target, quant or "fp32"] + ([form] if form != "explicit-state"
                                                          else []) + (["twin"] if twin else []))
     return export_once(ckpt, BENCH / name, target, quant, bool(twin), form, MAX_LEN)

@@ -21,10 +21,14 @@ EXPORTS = [  # (label, artifact folder under out/, extra arguments)
     ("xnnpack twin", "psa-default-xnnpack-twin", ["--target", "xnnpack", "--twin"]),
     ("portable", "psa-default-portable", ["--target", "portable"]),
     ("xnnpack runner form", "psa-default-runner", ["--target", "xnnpack", "--form", "runner"]),
+    ("onnx fused form", "psa-default-onnx-fused", ["--target", "onnx", "--form", "fused"]),
     ("xnnpack int8", "psa-default-xnnpack-int8", ["--target", "xnnpack", "--quantize", "int8"]),
     ("onnx int8", "psa-default-onnx-int8", ["--target", "onnx", "--quantize", "int8"]),
+    ("xnnpack int4", "psa-default-xnnpack-int4", ["--target", "xnnpack", "--quantize", "int4"]),
+    ("onnx fused int4", "psa-default-onnx-fused-int4",
+     ["--target", "onnx", "--form", "fused", "--quantize", "int4"]),
 ]
-VERIFIED = ["onnx", "xnnpack", "portable", "xnnpack runner form"]
+VERIFIED = ["onnx", "xnnpack", "portable", "xnnpack runner form", "onnx fused form"]
 
 
 def export() -> str:
@@ -34,8 +38,8 @@ def export() -> str:
     lines += [".venv/bin/psa-edge inspect out/psa-default-xnnpack", "```", "",
               "Parity is the export-time probe's max abs logit error against the float "
               "reference (fp32: tolerance 1e-4 x the logit scale; int8: a quarter of the logit "
-              "scale, plus argmax agreement where the reference is decided, see the int8 "
-              "section):", "",
+              "scale, int4 half of it, plus argmax agreement where the reference is decided, "
+              "see the int8 section):", "",
               "| artifact | target | form | size (MB) | export (s) | parity: all at once | "
               "token by token |", "|---|---|---|---|---|---|---|"]
     manifests = {}

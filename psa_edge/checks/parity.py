@@ -9,9 +9,10 @@ full-sequence forward, and the logit scale.
   scale (docs/spec.md §3).
 - int8 artifacts: an INT8_PROBE_LEN held-out sequence of the checkpoint's task (random tokens
   give a trained model nothing to be sure of); pass within `reference.INT8_RTOL` (int4:
-  `INT4_RTOL`) of the scale, with argmax agreement >= INT8_MIN_AGREEMENT on the positions the
-  reference has decided. At a near-tie any rounding may flip the argmax; that is not a broken
-  build, a flip where the reference is decided is. Agreement over all positions is reported.
+  `INT4_RTOL`) of the scale, with argmax agreement >= INT8_MIN_AGREEMENT (int4:
+  INT4_MIN_AGREEMENT) on the positions the reference has decided. At a near-tie any rounding
+  may flip the argmax; that is not a broken build, a flip where the reference is decided is.
+  Agreement over all positions is reported.
 `passed` is False otherwise; the exporter then refuses the artifact. `self_check` is the
 artifact's own fingerprint on a few tokens, which a later first open compares (`runtime.guard`).
 """
@@ -22,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from psa_edge.checks.reference import (INT8_DECIDED_MARGIN, INT8_MIN_AGREEMENT, Reference,
-                                       feed_chunks, logit_scale, tolerance)
+from psa_edge.checks.reference import (INT4_MIN_AGREEMENT, INT8_DECIDED_MARGIN,
+                                       INT8_MIN_AGREEMENT, Reference, feed_chunks, logit_scale,
+                                       tolerance)
 
 PROBE_LEN = 16
 INT8_PROBE_LEN = 128
@@ -66,14 +68,15 @@ def probe_parity(reference: Reference, folder: Path) -> dict:
         agreement[name] = float(same.mean())
         decided_agreement[name] = float(same[decided].mean()) if decided.any() else 1.0
     passed = max(errors.values()) <= limit
+    floor = (INT4_MIN_AGREEMENT if scheme == "int4" else INT8_MIN_AGREEMENT) if int8 else None
     if int8:
-        passed = passed and min(decided_agreement.values()) >= INT8_MIN_AGREEMENT
+        passed = passed and min(decided_agreement.values()) >= floor
     return {"probe_len": len(tokens), "kind": "int8" if int8 else "fp32",
             "max_abs_logit_error": errors, "argmax_agreement": agreement,
             "decided_positions": int(decided.sum()),
             "decided_argmax_agreement": decided_agreement if int8 else None,
             "logit_scale": scale, "tolerance": limit,
-            "min_agreement": INT8_MIN_AGREEMENT if int8 else None, "passed": passed,
+            "min_agreement": floor, "passed": passed,
             "self_check": self_check_record(session)}
 
 

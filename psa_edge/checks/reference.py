@@ -3,8 +3,9 @@
 Contract:
 - Tolerances are relative to the logit scale `max(1, max |logit|)` of the reference on the
   probe: fp32 artifacts FP32_RTOL (docs/spec.md §3); int8 artifacts INT8_RTOL (int4:
-  INT4_RTOL) against the reference, plus argmax agreement >= INT8_MIN_AGREEMENT on the
-  positions the reference has decided (top-2 gap above INT8_DECIDED_MARGIN of the scale).
+  INT4_RTOL) against the reference, plus argmax agreement >= INT8_MIN_AGREEMENT (int4:
+  INT4_MIN_AGREEMENT) on the positions the reference has decided (top-2 gap above
+  INT8_DECIDED_MARGIN of the scale).
   Speculative greedy equality may diverge only where the target's top-2 margin is below
   TIE_MARGIN.
 - `feed_chunks(session, tokens, chunks)` resets a session (any form) and feeds the chunks in
@@ -35,6 +36,10 @@ INT8_RTOL = 0.25
 INT4_RTOL = 0.5
 INT8_DECIDED_MARGIN = 0.05
 INT8_MIN_AGREEMENT = 0.95
+# 4-bit weights flip some decided positions of a sound build (random psa-4m's XNNPACK int4:
+# 0.938 of 64), as quant-check's int4 top-1 floor is 0.90 against int8's 0.98; a broken one
+# agrees on almost none (one 4-bit scale per output channel on random psa-30m: 0.017).
+INT4_MIN_AGREEMENT = 0.90
 TIE_MARGIN = 1e-5
 
 

@@ -4,7 +4,8 @@ Contract: `XNNPACK` and `PORTABLE` provide the pipeline's target stages.
 - `trace`: torch.export (non-strict) of every method of the form (explicit-state: `forward`
   and `decode`; runner: `forward`);
 - `quantize`: the PT2E flow on `forward` (`quantize.quantize_pt2e`), every method re-traced
-  from the one converted module (shared weights); XNNPACK only;
+  from the one converted module (shared weights); int4: torchao's 8da4w on a copy of the
+  form's module (`quantize.quantize_8da4w`), every method traced again; XNNPACK only;
 - `lower`: `to_edge_transform_and_lower` of all methods, no-op expands removed (XNNPACK's edge
   transforms), with the XNNPACK partitioner for `xnnpack` (none for `portable`), the form's
   constant methods added; serialized (methods share their weights: executorch deduplicates the
@@ -15,6 +16,8 @@ Contract: `XNNPACK` and `PORTABLE` provide the pipeline's target stages.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -112,10 +115,11 @@ class ExecuTorchTarget:
     backend = "executorch"
     forms = ("explicit-state", "runner")
     activation_dtype = "int8"
-    # XNNPACKQuantizer has no per-group weights: int4 is one scale per output channel
-    block_layouts = {"int4": ("int4 per-channel symmetric",
-                              "int8, dynamic (scales computed per call)")}
-    tool = "torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer"
+    block_layouts = {"int4": (f"int4 symmetric, groups of {q.WEIGHT_BLOCK} along the input, one "
+                              f"scale each (HQQ scale-only)",
+                              "int8 per token, asymmetric, dynamic")}
+    tool = ("torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer; int4: "
+            "torchao quantize_ (Int8DynamicActivationIntxWeightConfig, 8da4w)")
 
     def __init__(self, name: str, delegated: bool):
         self.name, self.delegated = name, delegated
@@ -126,7 +130,12 @@ class ExecuTorchTarget:
         return {name: Traced(export_program(module, example.inputs, example.shapes), example)
                 for name, example in form.methods(cfg, max_len).items()}
 
-    def quantize(self, exported, form, cfg, max_len: int, spec: q.QuantSpec, rows):
+    def quantize(self, exported, form, model, max_len: int, spec: q.QuantSpec, rows):
+        cfg = model.cfg
+        if spec.scheme == "int4":  # a source transform: on a copy, then traced again
+            module = q.quantize_8da4w(form.module(copy.deepcopy(model), max_len))
+            ops = q.pt2e_op_histograms(exported["forward"].program.graph, linears_only=True)
+            return self.trace(module, form, cfg, max_len), ops
         args = form.calibration_inputs(cfg, max_len, rows)
         # One calibrated, converted module; every method is re-traced from it (shared weights).
         module, ops = q.quantize_pt2e(exported["forward"].program, spec, args)

@@ -44,7 +44,8 @@ class OnnxTarget:
                 dynamo=True, optimize=True, verbose=False)
         return {"forward": Traced(program.model_proto, example)}
 
-    def quantize(self, exported, form, cfg, max_len: int, spec: q.QuantSpec, rows):
+    def quantize(self, exported, form, model, max_len: int, spec: q.QuantSpec, rows):
+        cfg = model.cfg
         io = graph_io(cfg, max_len, form.name)
         feeds = [dict(zip(io.input_names, (t.numpy() for t in inputs)))
                  for inputs in form.calibration_inputs(cfg, max_len, rows)]

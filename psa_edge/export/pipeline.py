@@ -126,7 +126,7 @@ def quantize(exported: Exported, model: PSATransformer, source: dict, req: Expor
     tokens = (q.calibration_tokens(source["task"], spec, model.cfg.vocab_size, length,
                                    model.tokenizer) if spec.static else None)
     rows = [] if tokens is None else list(tokens)
-    quantized, ops = target.quantize(exported, form, model.cfg, length, spec, rows)
+    quantized, ops = target.quantize(exported, form, model, length, spec, rows)
     record = q.calibration_record(source["task"], tokens, spec, target)
     return quantized, {**record, **ops}
 

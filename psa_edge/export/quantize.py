@@ -6,7 +6,8 @@ Contract:
   `int4`, 4-bit symmetric weights with int8 activations computed at run time: on ONNX in
   blocks of WEIGHT_BLOCK along the input dimension, one scale per block (ONNX Runtime's
   MatMulNBits, accuracy level 4: the kernel quantizes the activations per block); on XNNPACK
-  one scale per output channel (8da4w with one group per row: XNNPACK's QD8-F32-QC4W kernels);
+  the same groups of WEIGHT_BLOCK with activations quantized per token (torchao's 8da4w, a
+  source transform before torch.export, run by XNNPACK's QD8-F32-QB4W kernels);
   `int8-block` (ONNX only), the same MatMulNBits layout with 8-bit weights (llama.cpp's Q8_0).
 - What is quantized: every linear (q/k/v/o, the SwiGLU MLP, lm_head). Optionally (static only)
   the shear's Sub/Mul/Add, when `keep_shear_fp32` is False. Everything else stays fp32: RMSNorm,
@@ -16,12 +17,13 @@ Contract:
   (docs/quantization.md, tools/quant_table.py).
 - Calibration (static) feeds `calibration_samples` sequences of the checkpoint's own task, train
   split, drawn deterministically from `seed`, through the graph from the empty state.
-- ExecuTorch: torchao's `prepare_pt2e`/`convert_pt2e` with ExecuTorch's `XNNPACKQuantizer`,
+- ExecuTorch int8: torchao's `prepare_pt2e`/`convert_pt2e` with ExecuTorch's `XNNPACKQuantizer`,
   scoped to `aten.linear` by `set_operator_type` (executorch 1.4.1's `set_filter_function` is
   not honoured by its `cat` annotator, which then quantizes the KV-cache concatenation), plus
   `ShearQuantizer` for the shear. Every method is re-traced from the one converted module,
   whose shear shifts are first reattached as `ops.previous` (`reattach_shifts`), so the S = 1
-  `decode` method needs no op for them, as in fp32.
+  `decode` method needs no op for them, as in fp32. ExecuTorch int4: `quantize_8da4w` on a copy
+  of the form's module, then every method traced again.
   ONNX: ONNX Runtime's `quant_pre_process`, then QDQ `quantize_static` with a calibration
   reader, `quantize_dynamic`, or (int4) `MatMulNBitsQuantizer`.
 - `summary` of each returns the manifest's `quantization` record: scheme, calibration set,
@@ -198,12 +200,7 @@ def quantize_pt2e(program: torch.export.ExportedProgram, spec: QuantSpec,
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer.composable_quantizer import ComposableQuantizer
 
-    # int4: 4-bit weights per output channel ([-8, 7]) with dynamic int8 activations, which
-    # XNNPACK runs as its QD8-F32-QC4W kernels (ExecuTorch 1.4.1's XNNPACKQuantizer has no
-    # per-group weights; torchao's group-wise 8da4w is a source transform before export)
-    bits = {"weight_qmin": -8, "weight_qmax": 7} if spec.scheme == "int4" else {}
-    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=not spec.static,
-                                               **bits)
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=not spec.static)
     quantizers = [XNNPACKQuantizer().set_operator_type(aten.linear.default, config)]
     if not spec.keep_shear_fp32:
         quantizers.append(make_shear_quantizer(config.input_activation))
@@ -216,6 +213,32 @@ def quantize_pt2e(program: torch.export.ExportedProgram, spec: QuantSpec,
         converted = convert_pt2e(module)
     reattach_shifts(converted)
     return converted, ops
+
+
+def quantize_8da4w(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` with every linear's weight in 4-bit symmetric groups of WEIGHT_BLOCK along the
+    input, one scale each, and its input quantized to int8 per token at run time (torchao's
+    8da4w, as ExecuTorch's own LLM export applies it before torch.export; XNNPACK runs it as
+    QD8-F32-QB4W), in place. ExecuTorch 1.4.1's XNNPACKQuantizer has no per-group weights:
+    PT2E could only give one scale per output channel, too coarse for 4 bits.
+    Each scale is HQQ's least-squares fit (scale only, from max |w| / 8), ExecuTorch's
+    `quantize_with_hqq`: on the shipped code pair it cut the perplexity increase from +1.80% /
+    +1.58% (max |w| / 7.5) to +1.26% / +1.26%, and lifted the twin's top-1 from 0.896, under
+    quant-check's int4 floor, to 0.905."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    linears = {name: m for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+    for name, linear in linears.items():
+        if linear.in_features % WEIGHT_BLOCK:
+            raise ExportError(f"int4 on XNNPACK needs every linear's input size to be a multiple "
+                              f"of {WEIGHT_BLOCK}; {name} takes {linear.in_features}")
+    config = Int8DynamicActivationIntxWeightConfig(
+        weight_dtype=torch.int4, weight_granularity=PerGroup(WEIGHT_BLOCK),
+        intx_choose_qparams_algorithm="hqq_scale_only")
+    with quiet(), torch.no_grad():
+        quantize_(module, config, filter_fn=lambda m, _: isinstance(m, torch.nn.Linear))
+    return module
 
 
 def reattach_shifts(module: torch.fx.GraphModule) -> int:
@@ -250,17 +273,19 @@ def retrace(module: torch.fx.GraphModule, example: tuple, flat_shapes: tuple
         return torch.export.export(module, example, dynamic_shapes=flat_shapes, strict=False)
 
 
-def pt2e_op_histograms(graph: torch.fx.Graph) -> dict:
+def pt2e_op_histograms(graph: torch.fx.Graph, linears_only: bool = False) -> dict:
+    """Quantized and float op counts of an annotated graph (or, `linears_only`, of a float
+    graph whose linears a source transform quantizes)."""
     annotated, plain = [], []
     for node in graph.nodes:
         if node.op != "call_function" or "observer" in node.name:
             continue
         name = str(node.target).removeprefix("aten.")
         annotation = node.meta.get("quantization_annotation")
-        is_quantized = annotation is not None and annotation._annotated and (
+        is_quantized = linears_only or annotation is not None and annotation._annotated and (
             annotation.output_qspec is not None or annotation.input_qspec_map)
-        if is_quantized and node.target in (aten.linear.default, aten.sub.Tensor,
-                                            aten.mul.Tensor, aten.add.Tensor):
+        if is_quantized and node.target in ((aten.linear.default,) if linears_only else (
+                aten.linear.default, aten.sub.Tensor, aten.mul.Tensor, aten.add.Tensor)):
             annotated.append(name)
         elif not name.startswith(("sym_size", "getitem", "_assert", "_guards")):
             plain.append(name)

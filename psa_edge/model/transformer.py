@@ -189,7 +189,7 @@ class PSATransformer(nn.Module):
 
     def empty_state(self, batch: int = 1) -> list[LayerState]:
         cfg = self.cfg
-        w = self.lm_head.weight
+        w = self.model.embed_tokens.weight  # a plain tensor; a torchao int4 lm_head.weight is not
         hkv, h, dh = cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
         state = []
         for _ in range(cfg.num_hidden_layers):
