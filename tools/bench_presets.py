@@ -1,9 +1,12 @@
 """docs/benchmarks.md and the README's bench block: prefill and decode speed of psa-4m and
 psa-30m, ONNX Runtime and ExecuTorch XNNPACK, fp32 and int8, PSA (key-only 0.8) against its
-gamma = 0 twin, interleaved by `psa-edge bench --vs`; `--exports`: docs/export-sizes.md.
+gamma = 0 twin, interleaved by `psa-edge bench --vs`; `--exports`: docs/export-sizes.md;
+`--memory`: docs/benchmarks.md's memory block (peak RSS, fused against explicit-state).
 
     .venv/bin/python tools/bench_presets.py --threads 1 -r 20 --rounds 2   # ~50 min on 2 cores
     .venv/bin/python tools/bench_presets.py --exports --presets tiny psa-4m psa-30m
+    .venv/bin/python tools/bench_presets.py --memory --threads 1 --rounds 2 \
+        --presets psa-4m psa-30m psa-92m
 
 Random weights (`common.random_checkpoint`). Each pair runs `bench A --vs B` and `bench B --vs
 A` in `--rounds` processes each; its decode p50 ratio has a 95% interval over every repetition,
@@ -182,7 +185,32 @@ its whole token, and GroupQueryAttention, the small operators and the work outsi
 add more than the rest: a floor of the runtime's kernels at these sizes, not of the shear
 (whose cost is the fused form's PSA/twin ratio above).
 
+The int4 rows were measured a day after the others (same tool, `--precisions int4`), once
+XNNPACK's int4 became torchao's group-wise 8da4w: its QD8-F32-QB4W kernels prefill 1.35-1.88x
+as fast as llama.cpp's Q4_0 on psa-30m and psa-92m, where ONNX Runtime's MatMulNBits reach
+0.74-0.81 of it, and decode psa-92m faster than llama.cpp on one thread. The random
+checkpoints of the int4 builds have their linears snapped to a 4-bit grid each quantizer keeps
+exactly (`tools/common.py`, `snap_to_q4_grid`: Q4_0's for ONNX Runtime and llama.cpp; for
+XNNPACK the same with each block's peak made negative, which HQQ's fit keeps), because random
+psa-92m's own weights lose so much at 4 bits that the exporter's parity gate refuses the
+build; speed does not depend on the values. This VM's speed moves between runs, and not by
+the same factor for every program: llama.cpp's psa-30m Q4_0 decode was 425 t/s in the first
+full run, 439 in a first int4 run of this day and 775 in this one an hour later, where the
+ratio of the fused ONNX form to it went 0.78, 0.77, 0.96. Within a row the two take turns, so
+a row's ratio is a same-hour comparison; between runs, read a ratio to about +-0.2.
+
 {kept_block("docs/benchmarks.md", "llama-cpp")}
+
+## Resident memory
+
+Made by `.venv/bin/python tools/bench_presets.py --memory`. The fused form allocates its
+caches for the whole max length once; the explicit-state form grows them by concatenation, a
+copy each step. With no context the explicit form holds only the -p + -n tokens it has seen
+(256 of 512 by default), and the two are within a few MB either way; when decode runs to the max
+length, the explicit form's copies show and the fused form is the lower. The peak includes
+loading the weights and the context's prefill, the same work for both forms.
+
+{kept_block("docs/benchmarks.md", "memory")}
 """)
     print(block)
 
@@ -213,6 +241,35 @@ def fused_ratios(args) -> None:
                 f"{2 * args.rounds * args.r} repetitions per pair. {goal} A/A control (the "
                 f"{args.presets[0]} fp32 fused twin against a copy of itself): p50 ratio "
                 f"{ratio_text(control)}.\n\n" + "\n".join(table), "docs/benchmarks.md")
+
+
+def peak_rss_mb(build: Path, depth: int, args) -> float:
+    """The smallest VmHWM over `--rounds` processes of one `bench -r 1` at `depth`."""
+    return min(psa_edge_json("bench", build, "-p", args.p, "-n", args.n, "-r", 1, "--depth",
+                             depth, "--threads", args.threads)["peak_rss_bytes"]
+               for _ in range(args.rounds)) / 2**20
+
+
+def memory(args) -> None:
+    """docs/benchmarks.md's memory block: the fused form's peak RSS against the explicit-state
+    form's, both built at MAX_LEN, after -p/-n alone and with a context that fills MAX_LEN."""
+    full = MAX_LEN - max(args.p, args.n)
+    lines = [f"| preset | precision | fused / explicit MB, depth 0 | the same, depth {full} |",
+             "|---|---|---|---|"]
+    for preset in args.presets:
+        for _, quant in FUSED:
+            mb = {(form, depth): peak_rss_mb(artifact(preset, "onnx", quant, False, form),
+                                             depth, args)
+                  for form in ("fused", "explicit-state") for depth in (0, full)}
+            lines.append(f"| {preset} | {quant or 'fp32'} | " + " | ".join(
+                f"{mb['fused', d]:.0f} / {mb['explicit-state', d]:.0f}" for d in (0, full))
+                + " |")
+            print(lines[-1], flush=True)
+    write_block("memory", f"{machine()}, {args.threads} thread(s), ONNX Runtime, PSA builds at "
+                f"max length {MAX_LEN}: peak RSS (VmHWM, the smallest of {args.rounds} "
+                f"processes) of `psa-edge bench -p {args.p} -n {args.n} -r 1` with no context "
+                f"and with {full} context tokens, so that decode ends at the max length.\n\n"
+                + "\n".join(lines), "docs/benchmarks.md")
 
 
 def export_sizes(args) -> None:
@@ -256,11 +313,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="Processes per pair and order.")
     parser.add_argument("--exports", action="store_true", help="export sizes and times only")
     parser.add_argument("--fused", action="store_true", help="only the fused form's ratios")
+    parser.add_argument("--memory", action="store_true", help="only peak RSS, fused/explicit")
     args = parser.parse_args()
     if args.exports:
         return export_sizes(args)
     if args.fused:
         return fused_ratios(args)
+    if args.memory:
+        return memory(args)
     BENCH.mkdir(parents=True, exist_ok=True)
     started = time.time()
     peak = gemm_peak(args.threads)

@@ -86,6 +86,7 @@ def random_checkpoint(preset: str, path: Path, vocab_task: bool = True,
     from psa_edge.model.checkpoint import save_checkpoint
 
     if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(0)
         model = PSATransformer(preset_config(preset, "key-only", 0.8))
         with torch.no_grad():
