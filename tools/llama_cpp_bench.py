@@ -23,6 +23,8 @@ from pathlib import Path
 
 from common import BENCH, OUT, artifact, machine, psa_edge_json, random_checkpoint, write_block
 
+from psa_edge.model import PRESETS
+
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
 CACHE = Path.home() / ".cache" / "psa-edge" / "llama.cpp"
 FOLDER = OUT / "llama-cpp"
@@ -169,7 +171,8 @@ def measure(args) -> list[dict]:
             row = {"llama.cpp": llama_bench(binaries, case["gguf"], case["threads"], args)}
             for name, build in case["ours"].items():
                 row[name] = psa_edge_bench(build, case["threads"], args)
-            rounds.append({k: v for k, v in case.items() if k not in ("gguf", "ours")} | row)
+            rounds.append({k: v for k, v in case.items() if k not in ("gguf", "ours")}
+                          | row | {"machine": machine()})
             print(json.dumps(rounds[-1], default=str), flush=True)
     return rounds
 
@@ -184,7 +187,7 @@ def table(rounds: list[dict], args) -> str:
     column, the best psa-edge build over llama.cpp's, and the peak RSS of the bench processes
     (decode at max length 512: the fused form's static caches against today's form)."""
     keys = sorted({(r["preset"], r["precision"], r["threads"]) for r in rounds},
-                  key=lambda k: (args.presets.index(k[0]), list(PRECISIONS).index(k[1]), k[2]))
+                  key=lambda k: (list(PRESETS).index(k[0]), list(PRECISIONS).index(k[1]), k[2]))
     lines = ["| preset | precision | threads | test | llama.cpp (twin) | "
              + " | ".join(f"{c} (PSA)" for c in COLUMNS.values())
              + " | best / llama.cpp | peak RSS MB fused / explicit |", "|" + "---|" * 11]
@@ -215,15 +218,17 @@ def profiles(rounds: list[dict], args) -> str:
     lines = ["| preset | precision | llama.cpp token | psa-edge token (fused form): unprofiled "
              "/ profiled | weight MatMuls | GroupQueryAttention | other operators | outside "
              "ONNX Runtime |", "|" + "---|" * 8]
-    for preset in args.presets:
+    for preset in sorted({r["preset"] for r in rounds}, key=list(PRESETS).index):
         for precision, (kind, builds) in PRECISIONS.items():
+            runs = runs_of(rounds, preset, precision, 1)
+            if not runs:
+                continue
             target, quant, form = builds["onnx-fused"]
             report = psa_edge_json("bench", artifact(preset, target, quant, False, form),
                                    "--profile", "-p", args.p, "-n", args.n, "--threads", 1)
             ops = report["kernel_us_per_token"]
             weights = sum(ops.get(op, 0) for op in LINEAR_OPS)
             attention = ops.get("GroupQueryAttention", 0)
-            runs = runs_of(rounds, preset, precision, 1)
             llama, ours = (statistics.median(1e6 / r[name]["tg"] for r in runs)
                            for name in ("llama.cpp", "onnx-fused"))
             lines.append(f"| {preset} | {precision} / {kind} | {llama:.0f} | {ours:.0f} / "
@@ -248,12 +253,22 @@ def main() -> None:
     results = FOLDER / "results.json"
     rounds = json.loads(results.read_text()) if results.exists() else []
     if not args.render:
-        rounds = [r for r in rounds if r["precision"] not in args.precisions] + measure(args)
+        kept = [r for r in rounds if r["precision"] not in args.precisions
+                or r["preset"] not in args.presets]
+        others = {r.get("machine", "a machine not recorded") for r in kept} - {machine()}
+        if others:  # rows of two machines in one table would compare nothing
+            raise SystemExit(f"{results} holds rows measured on {', '.join(others)}, not on "
+                             f"{machine()}: measure every preset and precision here, or remove it")
+        rounds = kept + measure(args)
         results.write_text(json.dumps(rounds, indent=1, default=str))
     first = rounds[0]["llama.cpp"]
-    block = (f"{machine()}; llama.cpp {first['build']} from llama-cpp-python "
+    measured_rounds = min(len(runs_of(rounds, *key)) for key in
+                          {(r["preset"], r["precision"], r["threads"]) for r in rounds})
+    block = (f"{rounds[0].get('machine', machine())}; llama.cpp {first['build']} from "
+             f"llama-cpp-python "
              f"{LLAMA_CPP_PYTHON}'s source, built with cmake (Release, native). Tokens/s, median "
-             f"of {args.rounds} rounds of llama-bench and `psa-edge bench` taking turns, each "
+             f"of {measured_rounds} round{'s' * (measured_rounds > 1)} of llama-bench and "
+             f"`psa-edge bench` taking turns, each "
              f"-p {args.p} -n {args.n} -r {args.r}; random weights, PSA key-only 0.8 against "
              f"llama.cpp's GGUF of its twin. Peak RSS: the bench process's VmHWM (its smallest "
              f"over rounds), fused form / explicit-state form, both at max length 512.\n\n"
