@@ -289,9 +289,9 @@ def test_xnnpack_int4_refuses_linears_not_in_groups_of_32(tmp_path):
 
 
 def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatch):
-    from psa_edge.checks import parity
+    from psa_edge.checks import reference
 
-    monkeypatch.setattr(parity, "INT8_MIN_AGREEMENT", 1.01)
+    monkeypatch.setattr(reference, "INT8_MIN_AGREEMENT", 1.01)
     with pytest.raises(ExportError, match="argmax agreement"):
         run_export(ExportRequest(tiny_checkpoint, "onnx", tmp_path / "m", TINY_LEN,
                                  quant=STATIC))

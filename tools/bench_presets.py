@@ -321,7 +321,6 @@ def main() -> None:
         return fused_ratios(args)
     if args.memory:
         return memory(args)
-    BENCH.mkdir(parents=True, exist_ok=True)
     started = time.time()
     peak = gemm_peak(args.threads)
     p50 = f"tg{args.n}_latency_p50"

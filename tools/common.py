@@ -149,11 +149,17 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
     return folder
 
 
+def bench_checkpoint(preset: str, q4_grid: str | None = None) -> Path:
+    """The random checkpoint of a preset in out/bench/ (snapped to `q4_grid`, if given), which
+    psa-edge's benchmark builds and llama.cpp's GGUF of the same grid share."""
+    suffix = {None: "", "q4_0": "-q4grid", "8da4w": "-8da4w-grid"}[q4_grid]
+    return random_checkpoint(preset, BENCH / f"{preset}{suffix}.pt", q4_grid=q4_grid)
+
+
 def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str) -> Path:
     """The benchmark build of a random-weight preset (out/bench/), exported once."""
     grid = None if quant != "int4" else "8da4w" if target == "xnnpack" else "q4_0"
-    suffix = {None: "", "q4_0": "-q4grid", "8da4w": "-8da4w-grid"}[grid]
-    ckpt = random_checkpoint(preset, BENCH / f"{preset}{suffix}.pt", q4_grid=grid)
+    ckpt = bench_checkpoint(preset, grid)
     name = "-".join([preset, target, quant or "fp32"] + ([form] if form != "explicit-state"
                                                          else []) + (["twin"] if twin else []))
     return export_once(ckpt, BENCH / name, target, quant, bool(twin), form, MAX_LEN)

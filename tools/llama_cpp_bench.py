@@ -21,7 +21,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from common import BENCH, OUT, artifact, machine, psa_edge_json, random_checkpoint, write_block
+from common import OUT, artifact, bench_checkpoint, machine, psa_edge_json, write_block
 
 from psa_edge.model import PRESETS
 
@@ -120,14 +120,12 @@ def write_gguf(checkpoint: Path, path: Path) -> None:
 
 def gguf_builds(preset: str, binaries: Path) -> dict[str, Path]:
     """F32, Q8_0 and Q4_0 GGUFs of the preset's twin (Q4_0 from the checkpoint whose weights
-    are on the 4-bit grid, as psa-edge's int4 builds: `common.random_checkpoint`)."""
+    are on the 4-bit grid, as psa-edge's int4 builds: `common.bench_checkpoint`)."""
     builds = {}
     for kind, grid in (("F32", ""), ("Q8_0", ""), ("Q4_0", "-q4grid")):
         f32 = FOLDER / f"{preset}{grid}-twin-F32.gguf"
         if not f32.exists():
-            checkpoint = random_checkpoint(preset, BENCH / f"{preset}{grid}.pt",
-                                           q4_grid="q4_0" if grid else None)
-            write_gguf(checkpoint, f32)
+            write_gguf(bench_checkpoint(preset, "q4_0" if grid else None), f32)
         builds[kind] = FOLDER / f"{preset}{grid}-twin-{kind}.gguf"
         if not builds[kind].exists():
             subprocess.run([binaries / "llama-quantize", "--pure", f32, builds[kind], kind],
@@ -182,16 +180,20 @@ def runs_of(rounds: list[dict], preset: str, precision: str, threads: int) -> li
             == (preset, precision, threads)]
 
 
+def cases_of(rounds: list[dict]) -> list[tuple[str, str, int]]:
+    """The (preset, precision, threads) the rounds hold, in preset and precision order."""
+    return sorted({(r["preset"], r["precision"], r["threads"]) for r in rounds},
+                  key=lambda k: (list(PRESETS).index(k[0]), list(PRECISIONS).index(k[1]), k[2]))
+
+
 def table(rounds: list[dict], args) -> str:
     """Tokens/s per preset, precision, thread count and test (median over rounds), each build's
     column, the best psa-edge build over llama.cpp's, and the peak RSS of the bench processes
     (decode at max length 512: the fused form's static caches against today's form)."""
-    keys = sorted({(r["preset"], r["precision"], r["threads"]) for r in rounds},
-                  key=lambda k: (list(PRESETS).index(k[0]), list(PRECISIONS).index(k[1]), k[2]))
     lines = ["| preset | precision | threads | test | llama.cpp (twin) | "
              + " | ".join(f"{c} (PSA)" for c in COLUMNS.values())
              + " | best / llama.cpp | peak RSS MB fused / explicit |", "|" + "---|" * 11]
-    for preset, precision, threads in keys:
+    for preset, precision, threads in cases_of(rounds):
         runs = runs_of(rounds, preset, precision, threads)
         for test in ("pp", "tg"):
             med = {name: statistics.median(r[name][test] for r in runs)
@@ -218,23 +220,21 @@ def profiles(rounds: list[dict], args) -> str:
     lines = ["| preset | precision | llama.cpp token | psa-edge token (fused form): unprofiled "
              "/ profiled | weight MatMuls | GroupQueryAttention | other operators | outside "
              "ONNX Runtime |", "|" + "---|" * 8]
-    for preset in sorted({r["preset"] for r in rounds}, key=list(PRESETS).index):
-        for precision, (kind, builds) in PRECISIONS.items():
-            runs = runs_of(rounds, preset, precision, 1)
-            if not runs:
-                continue
-            target, quant, form = builds["onnx-fused"]
-            report = psa_edge_json("bench", artifact(preset, target, quant, False, form),
-                                   "--profile", "-p", args.p, "-n", args.n, "--threads", 1)
-            ops = report["kernel_us_per_token"]
-            weights = sum(ops.get(op, 0) for op in LINEAR_OPS)
-            attention = ops.get("GroupQueryAttention", 0)
-            llama, ours = (statistics.median(1e6 / r[name]["tg"] for r in runs)
-                           for name in ("llama.cpp", "onnx-fused"))
-            lines.append(f"| {preset} | {precision} / {kind} | {llama:.0f} | {ours:.0f} / "
-                         f"{report['wall_us_per_token']:.0f} | {weights:.0f} | {attention:.0f} | "
-                         f"{sum(ops.values()) - weights - attention:.0f} | "
-                         f"{report['outside_ort_us_per_token']:.0f} |")
+    for preset, precision, _ in (case for case in cases_of(rounds) if case[2] == 1):
+        kind, builds = PRECISIONS[precision]
+        runs = runs_of(rounds, preset, precision, 1)
+        target, quant, form = builds["onnx-fused"]
+        report = psa_edge_json("bench", artifact(preset, target, quant, False, form),
+                               "--profile", "-p", args.p, "-n", args.n, "--threads", 1)
+        ops = report["kernel_us_per_token"]
+        weights = sum(ops.get(op, 0) for op in LINEAR_OPS)
+        attention = ops.get("GroupQueryAttention", 0)
+        llama, ours = (statistics.median(1e6 / r[name]["tg"] for r in runs)
+                       for name in ("llama.cpp", "onnx-fused"))
+        lines.append(f"| {preset} | {precision} / {kind} | {llama:.0f} | {ours:.0f} / "
+                     f"{report['wall_us_per_token']:.0f} | {weights:.0f} | {attention:.0f} | "
+                     f"{sum(ops.values()) - weights - attention:.0f} | "
+                     f"{report['outside_ort_us_per_token']:.0f} |")
     return "\n".join(lines)
 
 
@@ -262,8 +262,7 @@ def main() -> None:
         rounds = kept + measure(args)
         results.write_text(json.dumps(rounds, indent=1, default=str))
     first = rounds[0]["llama.cpp"]
-    measured_rounds = min(len(runs_of(rounds, *key)) for key in
-                          {(r["preset"], r["precision"], r["threads"]) for r in rounds})
+    measured_rounds = min(len(runs_of(rounds, *case)) for case in cases_of(rounds))
     block = (f"{rounds[0].get('machine', machine())}; llama.cpp {first['build']} from "
              f"llama-cpp-python "
              f"{LLAMA_CPP_PYTHON}'s source, built with cmake (Release, native). Tokens/s, median "

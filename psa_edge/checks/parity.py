@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from psa_edge.checks.reference import (INT4_MIN_AGREEMENT, INT8_DECIDED_MARGIN,
-                                       INT8_MIN_AGREEMENT, Reference, feed_chunks, logit_scale,
-                                       tolerance)
+from psa_edge.checks.reference import (INT8_DECIDED_MARGIN, Reference, feed_chunks,
+                                       logit_scale, min_agreement, tolerance)
 
 PROBE_LEN = 16
 INT8_PROBE_LEN = 128
@@ -68,7 +67,7 @@ def probe_parity(reference: Reference, folder: Path) -> dict:
         agreement[name] = float(same.mean())
         decided_agreement[name] = float(same[decided].mean()) if decided.any() else 1.0
     passed = max(errors.values()) <= limit
-    floor = (INT4_MIN_AGREEMENT if scheme == "int4" else INT8_MIN_AGREEMENT) if int8 else None
+    floor = min_agreement(scheme)
     if int8:
         passed = passed and min(decided_agreement.values()) >= floor
     return {"probe_len": len(tokens), "kind": "int8" if int8 else "fp32",

@@ -53,6 +53,13 @@ def tolerance(reference_logits: np.ndarray, scheme: str | None) -> float:
     return rtol * logit_scale(reference_logits)
 
 
+def min_agreement(scheme: str | None) -> float | None:
+    """The floor on a quantized artifact's argmax agreement where the reference is decided, by
+    its scheme (None: fp32, which is bound by its logit error alone)."""
+    return None if scheme is None else INT4_MIN_AGREEMENT if scheme == "int4" else \
+        INT8_MIN_AGREEMENT
+
+
 def feed_chunks(session, tokens, chunks: list[int]) -> np.ndarray:
     tokens = np.asarray(tokens).reshape(-1)
     if sum(chunks) != tokens.size or min(chunks, default=1) < 1:

@@ -134,7 +134,7 @@ class ExecuTorchTarget:
         cfg = model.cfg
         if spec.scheme == "int4":  # a source transform: on a copy, then traced again
             module = q.quantize_8da4w(form.module(copy.deepcopy(model), max_len))
-            ops = q.pt2e_op_histograms(exported["forward"].program.graph, linears_only=True)
+            ops = q.pt2e_op_histograms(exported["forward"].program.graph, q.is_linear)
             return self.trace(module, form, cfg, max_len), ops
         args = form.calibration_inputs(cfg, max_len, rows)
         # One calibrated, converted module; every method is re-traced from it (shared weights).

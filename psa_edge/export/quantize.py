@@ -273,19 +273,29 @@ def retrace(module: torch.fx.GraphModule, example: tuple, flat_shapes: tuple
         return torch.export.export(module, example, dynamic_shapes=flat_shapes, strict=False)
 
 
-def pt2e_op_histograms(graph: torch.fx.Graph, linears_only: bool = False) -> dict:
-    """Quantized and float op counts of an annotated graph (or, `linears_only`, of a float
-    graph whose linears a source transform quantizes)."""
+def annotated_for_quantization(node: torch.fx.Node) -> bool:
+    """Whether a PT2E quantizer annotated this linear or shear op (Sub/Mul/Add) to be
+    quantized."""
+    annotation = node.meta.get("quantization_annotation")
+    return node.target in (aten.linear.default, aten.sub.Tensor, aten.mul.Tensor,
+                           aten.add.Tensor) and annotation is not None and \
+        annotation._annotated and (annotation.output_qspec is not None
+                                   or annotation.input_qspec_map)
+
+
+def is_linear(node: torch.fx.Node) -> bool:
+    """What a source transform of every linear (8da4w) quantizes."""
+    return node.target == aten.linear.default
+
+
+def pt2e_op_histograms(graph: torch.fx.Graph, quantized=annotated_for_quantization) -> dict:
+    """Counts of the graph's ops that `quantized` says are quantized, and of the others."""
     annotated, plain = [], []
     for node in graph.nodes:
         if node.op != "call_function" or "observer" in node.name:
             continue
         name = str(node.target).removeprefix("aten.")
-        annotation = node.meta.get("quantization_annotation")
-        is_quantized = linears_only or annotation is not None and annotation._annotated and (
-            annotation.output_qspec is not None or annotation.input_qspec_map)
-        if is_quantized and node.target in ((aten.linear.default,) if linears_only else (
-                aten.linear.default, aten.sub.Tensor, aten.mul.Tensor, aten.add.Tensor)):
+        if quantized(node):
             annotated.append(name)
         elif not name.startswith(("sym_size", "getitem", "_assert", "_guards")):
             plain.append(name)
