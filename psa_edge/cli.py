@@ -185,8 +185,7 @@ def export(
     quantize: Optional[str] = typer.Option(None, help="int8 (static activations, calibrated), "
                                            "int8-dynamic, int8-block (ONNX: 8-bit weights in "
                                            "blocks of 32), or int4 (4-bit weights: blocks of "
-                                           "32 on ONNX, per channel on XNNPACK); default: "
-                                           "fp32."),
+                                           "32, HQQ scale-only on XNNPACK); default: fp32."),
     calibration_samples: int = typer.Option(32, min=1, max=100_000,
                                             help="Task sequences for static calibration."),
     calibration_seed: int = typer.Option(0, min=0, max=SEED_MAX,

@@ -86,7 +86,7 @@ def test_gamma_zero_is_plain_attention():
         plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         plain = attn.o_proj(plain.transpose(1, 2).reshape(2, 10, -1))
         cache = LayerCache(model.cfg, model.empty_state(2)[0])
-        ours = attn(xn, cos, sin, causal_bias(torch.arange(10), 10), cache)
+        ours = attn(xn, cos, sin, causal_bias(torch.arange(10), 10, group=2), cache)
     assert torch.allclose(ours, plain, atol=1e-5)
 
 

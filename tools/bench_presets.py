@@ -185,19 +185,19 @@ its whole token, and GroupQueryAttention, the small operators and the work outsi
 add more than the rest: a floor of the runtime's kernels at these sizes, not of the shear
 (whose cost is the fused form's PSA/twin ratio above).
 
-The int4 rows were measured a day after the others (same tool, `--precisions int4`), once
-XNNPACK's int4 became torchao's group-wise 8da4w: its QD8-F32-QB4W kernels prefill 1.35-1.88x
-as fast as llama.cpp's Q4_0 on psa-30m and psa-92m, where ONNX Runtime's MatMulNBits reach
-0.74-0.81 of it, and decode psa-92m faster than llama.cpp on one thread. The random
-checkpoints of the int4 builds have their linears snapped to a 4-bit grid each quantizer keeps
-exactly (`tools/common.py`, `snap_to_q4_grid`: Q4_0's for ONNX Runtime and llama.cpp; for
-XNNPACK the same with each block's peak made negative, which HQQ's fit keeps), because random
-psa-92m's own weights lose so much at 4 bits that the exporter's parity gate refuses the
-build; speed does not depend on the values. This VM's speed moves between runs, and not by
-the same factor for every program: llama.cpp's psa-30m Q4_0 decode was 425 t/s in the first
-full run, 439 in a first int4 run of this day and 775 in this one an hour later, where the
-ratio of the fused ONNX form to it went 0.78, 0.77, 0.96. Within a row the two take turns, so
-a row's ratio is a same-hour comparison; between runs, read a ratio to about +-0.2.
+Every row below comes from one run on the machine its header names (the table the Intel Xeon
+@ 2.80GHz measured before is in the page's history). XNNPACK's int4 is torchao's group-wise
+8da4w: its QD8-F32-QB4W kernels prefill 1.07-1.60x as fast as llama.cpp's Q4_0 on psa-30m and
+psa-92m, where ONNX Runtime's MatMulNBits reach 0.70-0.90 of it. The random checkpoints of the
+int4 builds have their linears snapped to a 4-bit grid each quantizer keeps exactly
+(`tools/common.py`, `snap_to_q4_grid`: Q4_0's for ONNX Runtime and llama.cpp; for XNNPACK the
+same with each block's peak made negative, which HQQ's fit keeps), because random psa-92m's own
+weights lose so much at 4 bits that the exporter's parity gate refuses the build; speed does
+not depend on the values. This VM's speed moves between runs, and not by the same factor for
+every program: on the Intel host, llama.cpp's psa-30m Q4_0 decode was 425 t/s in one full run
+and 775 in another a day later, where the ratio of the fused ONNX form to it went 0.78 and
+0.96. Within a row the two take turns, so a row's ratio is a same-hour comparison; between
+runs, read a ratio to about +-0.2.
 
 {kept_block("docs/benchmarks.md", "llama-cpp")}
 

@@ -57,6 +57,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def query_group(self) -> int:
+        """Query heads per KV head (GQA; 1 without)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

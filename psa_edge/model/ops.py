@@ -41,11 +41,14 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
-def causal_bias(positions: Tensor, key_len: int) -> Tensor:
-    """Additive mask `[S, key_len]`: 0 where key position <= query position, else -inf.
+def causal_bias(positions: Tensor, key_len: int, group: int = 1) -> Tensor:
+    """Additive mask `[group * S, key_len]`: 0 where key position <= query position, else -inf;
+    with `group` > 1, the rows of a GQA group's stacked queries (`Attention.attend`).
 
     Built once per call and added to every layer's scores, so the per-layer attention
     arithmetic is a plain Add that backends delegate (a boolean masked_fill is not)."""
+    if group > 1:
+        positions = positions.repeat(group)
     visible = torch.arange(key_len, device=positions.device)[None, :] <= positions[:, None]
     return torch.zeros(visible.shape, device=positions.device).masked_fill(~visible,
                                                                           float("-inf"))

@@ -54,8 +54,6 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, hkv * dh, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, hkv * dh, bias=False)
         self.o_proj = nn.Linear(h * dh, cfg.hidden_size, bias=False)
-        # The KV head each query head reads (GQA); a constant, not a parameter.
-        self.register_buffer("kv_head", torch.arange(h) // (h // hkv), persistent=False)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, s, _ = x.shape
@@ -79,16 +77,23 @@ class Attention(nn.Module):
         return query, key
 
     def attend(self, query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
-        """Causal softmax attention of sheared queries over cached sheared keys, then o_proj."""
-        cfg = self.cfg
-        if cfg.num_attention_heads != cfg.num_key_value_heads:
-            # GQA: query head i reads KV head i // group (as Llama's repeat_kv). A gather: a
-            # reshape of the expanded cache makes torch.export guard on the cache length.
-            keys = keys.index_select(1, self.kv_head)
-            values = values.index_select(1, self.kv_head)
-        scores = query @ keys.transpose(-1, -2) / math.sqrt(cfg.head_dim) + bias
+        """Causal softmax attention of sheared queries over cached sheared keys, then o_proj.
+
+        GQA as llama.cpp computes it: the `group` query heads that share a KV head are stacked
+        along the sequence, `[B, Hkv, group * S, dh]`, and read that head's cache as it is;
+        `bias` is the mask of the stacked rows (`causal_bias(..., group)`). Gathering the cache
+        per query head instead (Llama's repeat_kv) copies every layer's whole key and value
+        cache on every step, outside XNNPACK's delegate."""
+        b, _, s, dh = query.shape
+        group = self.cfg.query_group
+        if group > 1:
+            query = query.reshape(b, -1, group * s, dh)
+        scores = query @ keys.transpose(-1, -2) / math.sqrt(dh) + bias
         out = torch.softmax(scores, dim=-1) @ values
-        b, _, s, _ = out.shape
+        if group > 1:
+            # Not reshape(b, heads, s, dh): torch.export cannot prove that reshape's contiguity
+            # guard for every dynamic chunk length.
+            out = out.unflatten(2, (group, s)).flatten(1, 2)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, cache: "LayerCache"
@@ -206,7 +211,7 @@ class PSATransformer(nn.Module):
         """Logits of a chunk at `positions`, each layer reading and writing its cache; the
         causal mask spans `key_len` cached positions. Every form runs this loop."""
         cos, sin = rope_cos_sin(positions, self.inv_freq)
-        bias = causal_bias(positions, key_len)
+        bias = causal_bias(positions, key_len, self.cfg.query_group)
         x = self.model.embed_tokens(input_ids)
         for layer, cache in zip(self.model.layers, caches):
             x = layer(x, cos, sin, bias, cache)
