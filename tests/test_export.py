@@ -134,7 +134,7 @@ def test_onnx_graph_has_shear_as_sub_mul_add_after_rope(artifacts):
     assert not ops - {"Add", "Cast", "Concat", "Cos", "Div", "Equal", "Expand", "Gather",
                       "LessOrEqual", "MatMul", "Mul", "Neg", "Not", "Pow", "Range", "Reciprocal",
                       "ReduceMean", "Reshape", "Shape", "Sigmoid", "Sin", "Slice", "Softmax",
-                      "Sqrt", "Squeeze", "Sub", "Transpose", "Unsqueeze", "Where",
+                      "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where",
                       "ConstantOfShape", "Constant"}, "unexpected (custom?) op in the graph"
 
 

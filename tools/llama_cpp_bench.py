@@ -29,8 +29,9 @@ LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
 CACHE = Path.home() / ".cache" / "psa-edge" / "llama.cpp"
 FOLDER = OUT / "llama-cpp"
 # psa-edge precision -> (llama.cpp type, psa-edge builds: column -> target, --quantize, --form):
-# ONNX Runtime's fused form, today's explicit-state forms (XNNPACK's runner form decodes at a
-# third of its explicit-state form's rate: not measured here).
+# ONNX Runtime's fused form, today's explicit-state forms (XNNPACK's runner form decodes at
+# about half its explicit-state form's rate, attending over its whole static cache: not
+# measured here).
 PRECISIONS = {
     "fp32": ("F32", {"onnx-fused": ("onnx", None, "fused"),
                      "onnx": ("onnx", None, "explicit-state"),

@@ -43,8 +43,8 @@ WHY_OUTSIDE = {
     "aten_bitwise_not": "causal mask, once per call",
     "aten_where": "causal mask to additive bias, once per call; the runner form's window rows",
     "aten_full": "causal mask to additive bias, once per call",
+    "aten_repeat": "causal mask: positions of GQA's stacked query rows, once per call",
     "aten_add_tensor": "start position + arange (int64 positions), once per call",
-    "aten_index_copy": "writing the static cache and the raw-key window (runner form)",
     "aten_index_put": "writing the static cache and the raw-key window (runner form)",
     "aten_copy": "updating a mutable buffer (runner form)",
     "aten_gt": "input_pos > 0 test of the zero boundary (runner form)",
@@ -148,13 +148,18 @@ class ExecuTorchTarget:
 
     def lower(self, exported, form, cfg, max_len: int) -> tuple[bytes, dict | None]:
         from executorch.devtools.backend_debug import get_delegation_info
+        from executorch.exir import ExecutorchBackendConfig
 
         programs = {name: t.program for name, t in exported.items()}
         edge = to_edge(programs, self.delegated, form.constant_methods(cfg, max_len))
         reports = {name: delegation_report(get_delegation_info(
             edge.exported_program(name).graph_module)) for name in programs}
+        # In place, the runner form's cache writes (index_put_) copy no buffer. XNNPACK only: in
+        # a portable program, a view of the written buffer (attention's operand) gets memory of
+        # its own in executorch 1.4.1's planning and reads garbage (the parity probe refuses it).
+        config = ExecutorchBackendConfig(run_reinplace_pass=self.delegated)
         with quiet():
-            buffer = edge.to_executorch().buffer
+            buffer = edge.to_executorch(config).buffer
         if not self.delegated:
             return buffer, None
         report = reports.pop("forward")

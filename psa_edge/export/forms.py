@@ -107,11 +107,19 @@ class StaticCache(LayerCache):
         for stream, raw, gamma in (("key", key, self.cfg.gamma_k),
                                    ("query", query, self.cfg.gamma_q)):
             if gamma != 0:
-                self.buffer(f"raw_{stream}").index_copy_(2, self.ring_rows, raw)
+                write_rows(self.buffer(f"raw_{stream}"), self.ring_rows, raw)
         keys, values = self.buffer("cache_key"), self.buffer("cache_value")
-        keys.index_copy_(2, self.positions, sheared_key)
-        values.index_copy_(2, self.positions, value)
+        write_rows(keys, self.positions, sheared_key)
+        write_rows(values, self.positions, value)
         return keys, values
+
+
+def write_rows(buffer: Tensor, rows: Tensor, new: Tensor) -> None:
+    """buffer[:, :, rows] = new, as the index_put_ that ExecuTorch's reinplace pass keeps in
+    place (`executorch_target.lower`); without it the write is a copy of the whole buffer on
+    every call. Called as the op: `buffer[:, :, rows] = new` drops the leading 1 of `new`, which
+    the in-place kernel refuses."""
+    torch.ops.aten.index_put_(buffer, [None, None, rows], new)
 
 
 class RunnerModule(nn.Module):
