@@ -14,7 +14,7 @@ Forms:
   stream, the layers stacked on dim 0; the last row of layer i's part is its next slot.
 - `runner`: `forward(tokens [1, S], input_pos [1]) -> logits [1, S, V]`, the caches and the
   raw-key window inside the program as mutable buffers (`buffers`): a static
-  `[1, Hkv, max_seq_len, dh]` key and value cache per layer, and per sheared stream a ring of
+  `[1, max_seq_len, Hkv, dh]` key and value cache per layer, and per sheared stream a ring of
   the raw keys (queries) of the last `window` positions, from which the program takes the
   previous-key slot of whatever position it is asked to continue from.
 """
@@ -272,11 +272,13 @@ class GraphIO:
 
     @cached_property
     def buffers(self) -> dict[str, tuple[int, ...]]:
-        """The runner form's mutable buffers: static caches and the raw windows."""
+        """The runner form's mutable buffers: static caches `[1, max, Hkv, dh]` (positions before
+        heads, the layout of ExecuTorch's llama `update_cache` and `custom_sdpa`) and the raw
+        windows."""
         out = {}
         for i in range(self.num_layers):
             for f in CACHE_FIELDS:
-                out[f"cache_{f}_{i}"] = self.shape(f, self.max_seq_len)
+                out[f"cache_{f}_{i}"] = (1, self.max_seq_len, self.num_kv_heads, self.head_dim)
             for f in self.raw_fields:  # one spare row takes the chunk's older positions
                 out[f"{f}_{i}"] = (1, self.heads(f), self.window + 1, self.head_dim)
         return out

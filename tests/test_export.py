@@ -212,6 +212,19 @@ def test_delegation_report_explains_every_op_outside(artifacts):
         # `add` and `mul` (exactly) are SymInt shape arithmetic; every other op is checked.
         for op in set(report["ops_outside_delegate"]) - {"add", "mul"}:
             assert not any(k in op for k in ("linear", "bmm", "softmax", "sub", "mul"))
+    # The runner form: attention is ExecuTorch's llama kernels (outside the delegate, named),
+    # the only float arithmetic outside; its int64 position arithmetic is `sub` and `add`.
+    # Its edge graph holds update_cache functionalized; the program holds the in-place kernel
+    # and no copy of a buffer.
+    runner = manifest_of(artifacts["runner"])["delegation"]["ops_outside_delegate"]
+    assert all(entry["why"] for entry in runner.values()), runner
+    assert {"auto_functionalized_v2", "llama_custom_sdpa_default"} <= set(runner)
+    assert not any(k in op for op in runner for k in ("linear", "bmm", "softmax", "mul_tensor"))
+    from psa_edge.export.inspect import inspect_artifact
+
+    ops = inspect_artifact(artifacts["runner"])["ops"]
+    assert ops["llama::update_cache.out"] == 4 and ops["llama::custom_sdpa.out"] == 2  # 2 layers
+    assert not any("copy_" in op or op.startswith("aten::index_put.") for op in ops), ops
 
 
 @pytest.mark.parametrize("name", ["xnnpack", "portable"])
@@ -261,6 +274,7 @@ def test_stock_text_llm_runner_matches_eager_greedy(artifacts, checkpoints):
     .pte and the shipped tokenizer: greedy tokens equal the eager reference's."""
     script = f"""
 import json, sys
+from executorch.extension.llm.custom_ops import custom_ops  # the form's llama kernels
 from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 runner = TextLLMRunner({str(artifacts['runner'] / 'model.pte')!r}, {str(artifacts['runner'] / 'tokenizer.json')!r})
 pieces = []

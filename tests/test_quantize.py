@@ -48,9 +48,11 @@ def int8(tiny_checkpoint, tmp_path_factory, export_pool):
              "onnx-shear": ("onnx", QuantSpec("int8", keep_shear_fp32=False), False),
              "onnx-twin": ("onnx", STATIC, True), "xnnpack-dynamic": ("xnnpack", DYNAMIC, False),
              "xnnpack-shear": ("xnnpack", QuantSpec("int8", keep_shear_fp32=False), False)}
-    return export_all(export_pool, {
-        name: ExportRequest(tiny_checkpoint, target, root / name, TINY_LEN, twin, quant=spec)
-        for name, (target, spec, twin) in cases.items()})
+    requests = {name: ExportRequest(tiny_checkpoint, target, root / name, TINY_LEN, twin,
+                                    quant=spec) for name, (target, spec, twin) in cases.items()}
+    requests["runner-dynamic"] = ExportRequest(tiny_checkpoint, "xnnpack", root / "runner",
+                                               TINY_LEN, False, "runner", quant=DYNAMIC)
+    return export_all(export_pool, requests)
 
 
 @pytest.fixture(scope="session")
@@ -149,6 +151,19 @@ def test_calibration_is_deterministic_for_a_seed(int8, tiny_checkpoint, tmp_path
                    for n in ("onnx", "onnx-seed1")]
     assert calibration[0]["samples"] == 32 and calibration[0]["split"] == "train"
     assert calibration[0]["tokens_sha256"] != calibration[1]["tokens_sha256"]
+
+
+def test_runner_form_quantizes_with_its_llama_kernels(int8):
+    """PT2E on the runner form: its int64 position arithmetic stays integer (PT2E's prepare
+    turns a scalar added to a tensor into a float constant), the llama kernels survive the
+    re-trace, and the program matches eager within the int8 tolerance."""
+    m = manifest_of(int8["runner-dynamic"])
+    assert m["parity"]["passed"] and m["quantization"]["scheme"] == "int8-dynamic"
+    outside = m["delegation"]["ops_outside_delegate"]
+    assert all(entry["why"] for entry in outside.values()), outside
+    assert "llama_custom_sdpa_default" in outside and "auto_functionalized_v2" in outside
+    logits = open_session(int8["runner-dynamic"]).feed(np.arange(20) % 64)
+    assert logits.shape[0] == 20 and np.isfinite(logits).all()
 
 
 def test_int8_keeps_cache_parity_with_its_twin(int8):

@@ -151,6 +151,7 @@ def test_generate_streams_text_and_stops_at_a_stop_string(text_model):
 def test_text_llm_runner_writes_what_psa_edge_generates(text_model):
     script = """
 import json, sys
+from executorch.extension.llm.custom_ops import custom_ops  # the form's llama kernels
 from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 runner = TextLLMRunner(sys.argv[1] + "/model.pte", sys.argv[1] + "/tokenizer.json")
 pieces = []

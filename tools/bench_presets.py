@@ -158,8 +158,10 @@ per decoded token are those of `runtime.bench.flops_per_token` at context {args.
 The shear's arithmetic is 3 d FLOPs per sheared stream and layer, at most {share:.1e} of a
 token's FLOPs here: what a ratio above 1 measures is per-op and per-tensor overhead of the runtime (the
 slot inputs, the raw-key output, the shear's three small ops), which weighs most on the
-smallest preset. The runner form's slots live inside the program and every step attends over
-its whole static cache, so its ratios do not carry over to the explicit-state form.
+smallest preset. The runner form's slots live inside the program, so its ratios do not carry
+over to the explicit-state form; they were measured while its every step attended over its
+whole static cache with plain ops, before it used ExecuTorch's llama kernels (docs/export.md),
+and are not re-measured since.
 
 Earlier measurements of where PSA's per-token overhead arises, each stamped with the commit
 that made it and the command to rerun it there: [decode-profile.md](decode-profile.md),
@@ -186,9 +188,12 @@ add more than the rest: a floor of the runtime's kernels at these sizes, not of 
 (whose cost is the fused form's PSA/twin ratio above).
 
 Every row below comes from one run on the machine its header names (the table the Intel Xeon
-@ 2.80GHz measured before is in the page's history). XNNPACK's int4 is torchao's group-wise
-8da4w: its QD8-F32-QB4W kernels prefill 1.07-1.60x as fast as llama.cpp's Q4_0 on psa-30m and
-psa-92m, where ONNX Runtime's MatMulNBits reach 0.70-0.90 of it. The random checkpoints of the
+@ 2.80GHz measured before is in the page's history). XNNPACK's runner form writes and attends
+its static caches with ExecuTorch's llama kernels (docs/export.md): no cache is copied and a
+step reads only the rows written so far, so it is psa-edge's fastest decode at int8 and int4
+on psa-30m and psa-92m. XNNPACK's int4 is torchao's group-wise 8da4w: its QD8-F32-QB4W kernels
+prefill 1.15-1.66x as fast as llama.cpp's Q4_0 on psa-30m and psa-92m (explicit-state form),
+where ONNX Runtime's MatMulNBits reach 0.74-0.89 of it. The random checkpoints of the
 int4 builds have their linears snapped to a 4-bit grid each quantizer keeps exactly
 (`tools/common.py`, `snap_to_q4_grid`: Q4_0's for ONNX Runtime and llama.cpp; for XNNPACK the
 same with each block's peak made negative, which HQQ's fit keeps), because random psa-92m's own

@@ -29,22 +29,25 @@ LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
 CACHE = Path.home() / ".cache" / "psa-edge" / "llama.cpp"
 FOLDER = OUT / "llama-cpp"
 # psa-edge precision -> (llama.cpp type, psa-edge builds: column -> target, --quantize, --form):
-# ONNX Runtime's fused form, today's explicit-state forms (XNNPACK's runner form decodes at
-# about half its explicit-state form's rate, attending over its whole static cache: not
-# measured here).
+# ONNX Runtime's fused form, the explicit-state forms, and XNNPACK's runner form (static caches
+# in the program, written and read by ExecuTorch's llama kernels).
 PRECISIONS = {
     "fp32": ("F32", {"onnx-fused": ("onnx", None, "fused"),
                      "onnx": ("onnx", None, "explicit-state"),
-                     "xnnpack": ("xnnpack", None, "explicit-state")}),
+                     "xnnpack": ("xnnpack", None, "explicit-state"),
+                     "xnnpack-runner": ("xnnpack", None, "runner")}),
     "int8": ("Q8_0", {"onnx-fused": ("onnx", "int8-dynamic", "fused"),
                       "onnx-fused-block": ("onnx", "int8-block", "fused"),
                       "onnx": ("onnx", "int8-dynamic", "explicit-state"),
-                      "xnnpack": ("xnnpack", "int8-dynamic", "explicit-state")}),
+                      "xnnpack": ("xnnpack", "int8-dynamic", "explicit-state"),
+                      "xnnpack-runner": ("xnnpack", "int8-dynamic", "runner")}),
     "int4": ("Q4_0", {"onnx-fused": ("onnx", "int4", "fused"),
                       "onnx": ("onnx", "int4", "explicit-state"),
-                      "xnnpack": ("xnnpack", "int4", "explicit-state")})}
+                      "xnnpack": ("xnnpack", "int4", "explicit-state"),
+                      "xnnpack-runner": ("xnnpack", "int4", "runner")})}
 COLUMNS = {"onnx-fused": "ONNX Runtime, fused form", "onnx-fused-block": "the same, int8-block",
-           "onnx": "ONNX Runtime, explicit-state", "xnnpack": "ExecuTorch XNNPACK, explicit-state"}
+           "onnx": "ONNX Runtime, explicit-state", "xnnpack": "ExecuTorch XNNPACK, explicit-state",
+           "xnnpack-runner": "ExecuTorch XNNPACK, runner form"}
 
 
 def build_llama_cpp() -> Path:
@@ -193,7 +196,8 @@ def table(rounds: list[dict], args) -> str:
     (decode at max length 512: the fused form's static caches against today's form)."""
     lines = ["| preset | precision | threads | test | llama.cpp (twin) | "
              + " | ".join(f"{c} (PSA)" for c in COLUMNS.values())
-             + " | best / llama.cpp | peak RSS MB fused / explicit |", "|" + "---|" * 11]
+             + " | best / llama.cpp | peak RSS MB fused / explicit |",
+             "|" + "---|" * (len(COLUMNS) + 7)]
     for preset, precision, threads in cases_of(rounds):
         runs = runs_of(rounds, preset, precision, threads)
         for test in ("pp", "tg"):

@@ -16,10 +16,17 @@ and a program that cannot load is an `ArtifactError` naming the native reason.
 from __future__ import annotations
 
 import logging
+import os
 import re
 
-import numpy as np
-import torch
+# ExecuTorch's llama kernels (the runner form's attention), as its wheel builds them, multiply
+# matrices in torch's MKL, whose OpenMP threads would spin beside XNNPACK's own pool: on 2
+# cores, psa-30m int4's 128-token prefill at 2 threads ran at 0.6x. Read by MKL when torch is
+# first imported, so set before it (a process that imported torch already keeps its own).
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from psa_edge.backends.base import Graph
 from psa_edge.contract import GraphIO
@@ -37,6 +44,14 @@ def quiet_imports() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def load_llama_ops() -> None:
+    """Register ExecuTorch's llama custom ops (`update_cache`, `custom_sdpa`, which the runner
+    form's caches are written and read by): their kernels with ExecuTorch's runtime in this
+    process, and with torch, with the shape functions torch.export traces them by."""
+    quiet_imports()
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+
+
 def load_methods(artifact: Artifact, optional: tuple[str, ...] = ()) -> tuple[object, dict]:
     """The program and its method `forward` and those of the `optional` names that it has. The
     methods run on the program's memory: the caller keeps the program alive with them."""
@@ -47,6 +62,7 @@ def load_methods(artifact: Artifact, optional: tuple[str, ...] = ()) -> tuple[ob
             from executorch.extension.pybindings import portable_lib
             from executorch.runtime import Runtime
 
+            load_llama_ops()
             # The threadpool probes the CPU (cpuinfo) natively on its first use: do it here.
             portable_lib._threadpool_get_thread_count()
             program = Runtime.get().load_program(artifact.data)

@@ -45,11 +45,15 @@ WHY_OUTSIDE = {
     "aten_full": "causal mask to additive bias, once per call",
     "aten_repeat": "causal mask: positions of GQA's stacked query rows, once per call",
     "aten_add_tensor": "start position + arange (int64 positions), once per call",
-    "aten_index_put": "writing the static cache and the raw-key window (runner form)",
-    "aten_copy": "updating a mutable buffer (runner form)",
+    "aten_index_put": "writing the raw-key window (runner form)",
+    "llama_custom_sdpa": "ExecuTorch's llama flash-attention kernel over the static cache's "
+                         "rows so far (runner form)",
+    "_local_scalar_dense": "the start position as an integer for the llama kernels, once per "
+                           "call (runner form)",
     "aten_gt": "input_pos > 0 test of the zero boundary (runner form)",
     "aten_ge": "which positions of a chunk fit the raw-key window (runner form)",
     "aten_remainder": "row of a position in the raw-key window (runner form)",
+    "aten_clamp": "previous position of a call, int64, once per call (runner form)",
     "aten_select": "last position of a chunk (runner form)",
     "aten_sub_tensor": "position arithmetic on int64 (runner form)",
     "aten__to_copy": "dtype cast of positions, once per call",
@@ -65,6 +69,13 @@ WHY_OUTSIDE = {
     "add": "symbolic shape arithmetic (dynamic dims)",
     "mul": "symbolic shape arithmetic (dynamic dims)",
     "scalar_tensor": "constant scalar",
+    "auto_functionalized": "ExecuTorch's llama update_cache, the chunk's keys and values into "
+                           "the static cache (functional in the edge graph, serialized as the "
+                           "in-place kernel) (runner form)",
+    "_assert_scalar": "bounds of the start position, checked once per call (runner form)",
+    # Exact names below (each a prefix of nothing else that reaches a report): SymInt tests.
+    "ge": "symbolic bound check of the start position (runner form)",
+    "le": "symbolic bound check of the start position (runner form)",
 }
 
 
@@ -154,9 +165,9 @@ class ExecuTorchTarget:
         edge = to_edge(programs, self.delegated, form.constant_methods(cfg, max_len))
         reports = {name: delegation_report(get_delegation_info(
             edge.exported_program(name).graph_module)) for name in programs}
-        # In place, the runner form's cache writes (index_put_) copy no buffer. XNNPACK only: in
-        # a portable program, a view of the written buffer (attention's operand) gets memory of
-        # its own in executorch 1.4.1's planning and reads garbage (the parity probe refuses it).
+        # In place, the runner form's raw-window writes (index_put_) copy no buffer. XNNPACK
+        # only: in a portable program, a view of a written buffer gets memory of its own in
+        # executorch 1.4.1's planning and reads garbage (the parity probe refuses it).
         config = ExecutorchBackendConfig(run_reinplace_pass=self.delegated)
         with quiet():
             buffer = edge.to_executorch(config).buffer

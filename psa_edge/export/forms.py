@@ -9,7 +9,8 @@ state lives (`LayerCache`). Names and shapes come from `contract.GraphIO`.
   position is the past length P. ExecuTorch programs carry it twice, sharing the weights: method
   `forward` (S dynamic) and method `decode` (S = 1, where the shear's shift needs no op).
 - `RunnerModule`: `forward(tokens [1, S], input_pos [1]) -> logits` with static max-length
-  caches and, per sheared stream, a ring of the raw keys (queries) of the last `window`
+  caches (written and attended by ExecuTorch's llama kernels, which read only the rows written
+  so far) and, per sheared stream, a ring of the raw keys (queries) of the last `window`
   positions as mutable buffers. The slot of the first new token is the ring's row of position
   input_pos - 1 (zero at input_pos 0, the causal zero state), so calling it at an earlier
   position rolls it back (speculative decoding, prefix reuse) as long as that row is in reach.
@@ -70,22 +71,37 @@ class ExplicitStateModule(nn.Module):
         return (logits, *present, *raw)
 
 
-class StaticCache(LayerCache):
-    """One layer's state in the runner form's buffers, written in place at the positions."""
+class RunnerRows:
+    """Where a runner-form call reads and writes, computed once per call for every layer."""
 
-    def __init__(self, module: "RunnerModule", layer: int, input_pos: Tensor,
-                 positions: Tensor):
-        super().__init__(module.model.cfg, {})
-        self.module, self.layer = module, layer
-        window = module.io.window
+    def __init__(self, input_pos: Tensor, seq_len: int, max_seq_len: int, window: int):
+        # A Python int for ExecuTorch's llama ops, bounded so that torch.export can prove
+        # their checks (start + S <= max) for every chunk length.
+        self.start = input_pos[0].item()
+        torch._check_is_size(self.start)
+        torch._check(self.start + seq_len <= max_seq_len)
+        positions = torch.arange(seq_len, device=input_pos.device) + input_pos
+        self.positions = positions
         # Every chunk row goes to the ring row of its position, except those older than the
         # window, which all land on the spare last row: no two rows of a call share an index.
         self.ring_rows = torch.where(positions >= positions[-1] + 1 - window,
                                      positions % max(window, 1), window)
-        # + window: ExecuTorch's remainder kernel keeps the sign of a negative dividend.
-        self.previous_row = (input_pos + window - 1) % max(window, 1)
+        # Clamped, not shifted by + window: ExecuTorch's remainder kernel keeps the sign of a
+        # negative dividend, and PT2E's prepare turns a scalar added to int64 positions into a
+        # float constant. At input_pos 0 the row read is zeroed by `continues`.
+        self.previous_row = (input_pos - 1).clamp(min=0) % max(window, 1)
         self.continues = (input_pos > 0).to(torch.float32)  # 0 at a sequence's start
-        self.positions = positions
+
+
+class StaticCache(LayerCache):
+    """One layer's state in the runner form's buffers, written in place at the call's rows:
+    the caches `[1, max, Hkv, dh]` by ExecuTorch's llama `update_cache`, read by its
+    `custom_sdpa` up to the last written row only (ExecuTorch's own LLM export does the
+    same); the raw-key window by index_put_."""
+
+    def __init__(self, module: "RunnerModule", layer: int, rows: RunnerRows):
+        super().__init__(module.model.cfg, {})
+        self.module, self.layer, self.rows = module, layer, rows
 
     def buffer(self, name: str) -> Tensor:
         return getattr(self.module, f"{name}_{self.layer}")
@@ -93,7 +109,8 @@ class StaticCache(LayerCache):
     def slot(self, stream: str, gamma: float) -> Tensor | None:
         if gamma == 0:
             return None
-        return self.buffer(f"raw_{stream}").index_select(2, self.previous_row) * self.continues
+        previous = self.buffer(f"raw_{stream}").index_select(2, self.rows.previous_row)
+        return previous * self.rows.continues
 
     @property
     def prev_key(self) -> Tensor | None:
@@ -107,17 +124,25 @@ class StaticCache(LayerCache):
         for stream, raw, gamma in (("key", key, self.cfg.gamma_k),
                                    ("query", query, self.cfg.gamma_q)):
             if gamma != 0:
-                write_rows(self.buffer(f"raw_{stream}"), self.ring_rows, raw)
+                write_rows(self.buffer(f"raw_{stream}"), self.rows.ring_rows, raw)
         keys, values = self.buffer("cache_key"), self.buffer("cache_value")
-        write_rows(keys, self.positions, sheared_key)
-        write_rows(values, self.positions, value)
+        torch.ops.llama.update_cache(sheared_key.transpose(1, 2), keys, self.rows.start)
+        torch.ops.llama.update_cache(value.transpose(1, 2), values, self.rows.start)
         return keys, values
+
+    def attend(self, query, keys, values, bias):
+        """Causal attention of rows start .. start + S - 1 over cache rows 0 .. start + S - 1
+        (ExecuTorch's flash-attention kernel, GQA included); `bias` is not read."""
+        b, _, s, _ = query.shape
+        attended = torch.ops.llama.custom_sdpa(query.transpose(1, 2), keys, values,
+                                               self.rows.start, None, 0, True)
+        return attended.reshape(b, s, -1)
 
 
 def write_rows(buffer: Tensor, rows: Tensor, new: Tensor) -> None:
-    """buffer[:, :, rows] = new, as the index_put_ that ExecuTorch's reinplace pass keeps in
-    place (`executorch_target.lower`); without it the write is a copy of the whole buffer on
-    every call. Called as the op: `buffer[:, :, rows] = new` drops the leading 1 of `new`, which
+    """buffer[:, :, rows] = new (the raw-key window), as the index_put_ that ExecuTorch's
+    reinplace pass keeps in place (`executorch_target.lower`); without it the write is a copy
+    of the whole buffer on every call. Called as the op: `buffer[:, :, rows] = new` drops the leading 1 of `new`, which
     the in-place kernel refuses."""
     torch.ops.aten.index_put_(buffer, [None, None, rows], new)
 
@@ -125,16 +150,20 @@ def write_rows(buffer: Tensor, rows: Tensor, new: Tensor) -> None:
 class RunnerModule(nn.Module):
     def __init__(self, model: PSATransformer, max_seq_len: int):
         super().__init__()
+        # ExecuTorch's llama ops, which its caches are written and read by, registered with
+        # torch with the shape functions torch.export traces them by.
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
         self.model = model
         self.io = graph_io(model.cfg, max_seq_len, "runner")
         for name, shape in self.io.buffers.items():
             self.register_buffer(name, torch.zeros(shape), persistent=False)
 
     def forward(self, tokens: Tensor, input_pos: Tensor) -> Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device) + input_pos
-        caches = [StaticCache(self, i, input_pos, positions)
-                  for i in range(self.io.num_layers)]
-        return self.model.decode(tokens, positions, caches, self.io.max_seq_len)
+        rows = RunnerRows(input_pos, tokens.shape[1], self.io.max_seq_len, self.io.window)
+        caches = [StaticCache(self, i, rows) for i in range(self.io.num_layers)]
+        # key_len 1: the causal mask `decode` builds is not read (custom_sdpa masks itself),
+        # and torch.export drops it.
+        return self.model.decode(tokens, rows.positions, caches, 1)
 
 
 def seq_dim(max_len: int):

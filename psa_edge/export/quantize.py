@@ -42,6 +42,7 @@ import torch
 
 from psa_edge.errors import ExportError
 from psa_edge.export import quiet
+from psa_edge.io import native_output_captured
 
 SCHEMES = ("int8", "int8-dynamic", "int8-block", "int4")
 # llama.cpp's Q4_0 / Q8_0 block: the block-wise builds compare like for like with its GGUFs
@@ -208,8 +209,11 @@ def quantize_pt2e(program: torch.export.ExportedProgram, spec: QuantSpec,
     with quiet(), torch.no_grad():
         module = prepare_pt2e(program.module(), ComposableQuantizer(quantizers))
         ops = pt2e_op_histograms(module.graph)
-        for args in calibration_args or [example]:
-            module(*args)
+        # Eagerly, the runner form's llama ops run ExecuTorch's kernels, which log natively
+        # (a CPU probe; "no temp allocator provided"): not the user's concern.
+        with native_output_captured():
+            for args in calibration_args or [example]:
+                module(*args)
         converted = convert_pt2e(module)
     reattach_shifts(converted)
     return converted, ops

@@ -76,33 +76,34 @@ class Attention(nn.Module):
             query = shear(query, prev_query, cfg.gamma_q)
         return query, key
 
-    def attend(self, query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
-        """Causal softmax attention of sheared queries over cached sheared keys, then o_proj.
-
-        GQA as llama.cpp computes it: the `group` query heads that share a KV head are stacked
-        along the sequence, `[B, Hkv, group * S, dh]`, and read that head's cache as it is;
-        `bias` is the mask of the stacked rows (`causal_bias(..., group)`). Gathering the cache
-        per query head instead (Llama's repeat_kv) copies every layer's whole key and value
-        cache on every step, outside XNNPACK's delegate."""
-        b, _, s, dh = query.shape
-        group = self.cfg.query_group
-        if group > 1:
-            query = query.reshape(b, -1, group * s, dh)
-        scores = query @ keys.transpose(-1, -2) / math.sqrt(dh) + bias
-        out = torch.softmax(scores, dim=-1) @ values
-        if group > 1:
-            # Not reshape(b, heads, s, dh): torch.export cannot prove that reshape's contiguity
-            # guard for every dynamic chunk length.
-            out = out.unflatten(2, (group, s)).flatten(1, 2)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
-
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, cache: "LayerCache"
                 ) -> Tensor:
         query, key, value = self.project(x, cos, sin)
         sheared_query, sheared_key = self.shear_streams(query, key, cache.prev_query,
                                                         cache.prev_key)
         keys, values = cache.update(sheared_key, value, key, query)
-        return self.attend(sheared_query, keys, values, bias)
+        return self.o_proj(cache.attend(sheared_query, keys, values, bias))
+
+
+def attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, group: int) -> Tensor:
+    """Causal softmax attention of sheared queries `[B, H, S, dh]` over cached sheared keys and
+    values `[B, Hkv, T, dh]`; the heads merged, `[B, S, H dh]`.
+
+    GQA as llama.cpp computes it: the `group` query heads that share a KV head are stacked
+    along the sequence, `[B, Hkv, group * S, dh]`, and read that head's cache as it is; `bias`
+    is the mask of the stacked rows (`causal_bias(..., group)`). Gathering the cache per query
+    head instead (Llama's repeat_kv) copies every layer's whole key and value cache on every
+    step, outside XNNPACK's delegate."""
+    b, _, s, dh = query.shape
+    if group > 1:
+        query = query.reshape(b, -1, group * s, dh)
+    scores = query @ keys.transpose(-1, -2) / math.sqrt(dh) + bias
+    out = torch.softmax(scores, dim=-1) @ values
+    if group > 1:
+        # Not reshape(b, heads, s, dh): torch.export cannot prove that reshape's contiguity
+        # guard for every dynamic chunk length.
+        out = out.unflatten(2, (group, s)).flatten(1, 2)
+    return out.transpose(1, 2).reshape(b, s, -1)
 
 
 class LayerCache:
@@ -137,6 +138,10 @@ class LayerCache:
             self.raw["query"] = query
         self.state = state
         return state["key"], state["value"]
+
+    def attend(self, query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+        """Attention of the chunk's sheared queries over what `update` returned, `[B, S, H dh]`."""
+        return attend(query, keys, values, bias, self.cfg.query_group)
 
 
 class MLP(nn.Module):

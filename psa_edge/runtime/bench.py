@@ -344,6 +344,10 @@ def executorch_runner_stats(artifacts: list[Path], manifests: list[dict], spec: 
     with native_output_captured():  # its tokenizer library logs natively on import
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
+        from psa_edge.backends.executorch import load_llama_ops
+
+        load_llama_ops()  # the runner form's kernels, in the runner's process
+
     from psa_edge.tokenizer import Tokenizer
 
     # Random ids read as text by the model's tokenizer (a byte-level BPE may encode that text

@@ -166,7 +166,9 @@ cp -r /sdcard/Download/<this folder> ~/bundle && cd ~/bundle
 ExecuTorch path: the runner-form program `models/{runner.name}/model.pte` and its
 `tokenizer.json` are what ExecuTorch's own LLM runner loads. Build `llama_main` for Android
 (arm64-v8a) with the NDK as ExecuTorch's LLM documentation describes (`examples/models/llama`),
-push it with `adb` and run it there; its report prints prompt-eval and generation tokens/s:
+with its LLM kernels (`-DEXECUTORCH_BUILD_KERNELS_LLM=ON`, as its LLM preset sets; the program's
+caches are written and read by `llama::update_cache` and `llama::custom_sdpa`), push it with
+`adb` and run it there; its report prints prompt-eval and generation tokens/s:
 
 ```sh
 adb push models/{runner.name} /data/local/tmp/psa/
