@@ -190,8 +190,8 @@ add more than the rest: a floor of the runtime's kernels at these sizes, not of 
 Every row below comes from one run on the machine its header names (the table the Intel Xeon
 @ 2.80GHz measured before is in the page's history). XNNPACK's runner form writes and attends
 its static caches with ExecuTorch's llama kernels (docs/export.md): no cache is copied and a
-step reads only the rows written so far, so it is psa-edge's fastest decode at int8 and int4
-on psa-30m and psa-92m. XNNPACK's int4 is torchao's group-wise 8da4w: its QD8-F32-QB4W kernels
+step reads only the rows written so far, so it is psa-edge's fastest decode in most psa-30m
+and psa-92m rows, int4's all. XNNPACK's int4 is torchao's group-wise 8da4w: its QD8-F32-QB4W kernels
 prefill 1.15-1.66x as fast as llama.cpp's Q4_0 on psa-30m and psa-92m (explicit-state form),
 where ONNX Runtime's MatMulNBits reach 0.74-0.89 of it. The random checkpoints of the
 int4 builds have their linears snapped to a 4-bit grid each quantizer keeps exactly

@@ -16,8 +16,9 @@ Contract (docs/spec.md §1, §3):
   the new positions, which are what a runtime needs to roll the slots back to any position.
   Any chunking of a sequence gives the logits of the full-sequence forward.
 - `decode(input_ids, positions, caches, key_len)` is the one layer loop every form runs: each
-  layer reads its slots from and writes its keys and values to a `LayerCache` (explicit here;
-  the runner form's static cache in psa_edge/export/forms.py).
+  layer reads its slots from, writes its keys and values to, and attends through a
+  `LayerCache` (explicit here, with `attend`; the runner form's static cache, with ExecuTorch's
+  attention kernel, in psa_edge/export/forms.py).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class LayerCache:
     """Where one layer's attention state lives. The explicit-state form (and training) carries
     it in and out of the forward: the new sheared keys and values are concatenated onto the
     past, the slots are read from the past, and `state` / `raw` hold what the call produced.
-    A static-cache form subclasses it (psa_edge/export/forms.py) and writes in place instead."""
+    A static-cache form subclasses it (psa_edge/export/forms.py): it writes in place instead,
+    and may attend with a backend's fused kernel."""
 
     def __init__(self, cfg: ModelConfig, past: LayerState):
         self.cfg, self.past = cfg, past
