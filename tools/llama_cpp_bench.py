@@ -193,11 +193,11 @@ def cases_of(rounds: list[dict]) -> list[tuple[str, str, int]]:
 def table(rounds: list[dict], args) -> str:
     """Tokens/s per preset, precision, thread count and test (median over rounds), each build's
     column, the best psa-edge build over llama.cpp's, and the peak RSS of the bench processes
-    (decode at max length 512: the fused form's static caches against today's form)."""
+    (max length 512: each backend's static-cache form against its explicit-state form)."""
     lines = ["| preset | precision | threads | test | llama.cpp (twin) | "
              + " | ".join(f"{c} (PSA)" for c in COLUMNS.values())
-             + " | best / llama.cpp | peak RSS MB fused / explicit |",
-             "|" + "---|" * (len(COLUMNS) + 7)]
+             + " | best / llama.cpp | peak RSS MB fused / explicit | the same, XNNPACK runner "
+             "/ explicit |", "|" + "---|" * (len(COLUMNS) + 8)]
     for preset, precision, threads in cases_of(rounds):
         runs = runs_of(rounds, preset, precision, threads)
         for test in ("pp", "tg"):
@@ -205,12 +205,13 @@ def table(rounds: list[dict], args) -> str:
                    for name in runs[0] if isinstance(runs[0][name], dict)}
             ours = {c: med[c] for c in COLUMNS if c in med}
             cells = " | ".join(f"{ours[c]:.0f}" if c in ours else "-" for c in COLUMNS)
-            rss = " / ".join(f"{min(r[c]['rss'] for r in runs) / 1e6:.0f}"
-                             for c in ("onnx-fused", "onnx"))
+            rss = [" / ".join(f"{min(r[c]['rss'] for r in runs) / 1e6:.0f}" if c in runs[0]
+                              else "-" for c in pair)
+                   for pair in (("onnx-fused", "onnx"), ("xnnpack-runner", "xnnpack"))]
             lines.append(f"| {preset} | {precision} / {runs[0]['kind']} | {threads} | "
                          f"{test}{args.p if test == 'pp' else args.n} | "
                          f"{med['llama.cpp']:.0f} | {cells} | "
-                         f"**{max(ours.values()) / med['llama.cpp']:.2f}** | {rss} |")
+                         f"**{max(ours.values()) / med['llama.cpp']:.2f}** | {' | '.join(rss)} |")
     return "\n".join(lines)
 
 
@@ -275,7 +276,9 @@ def main() -> None:
              f"`psa-edge bench` taking turns, each "
              f"-p {args.p} -n {args.n} -r {args.r}; random weights, PSA key-only 0.8 against "
              f"llama.cpp's GGUF of its twin. Peak RSS: the bench process's VmHWM (its smallest "
-             f"over rounds), fused form / explicit-state form, both at max length 512.\n\n"
+             f"over rounds): ONNX Runtime's fused / explicit-state form, and ExecuTorch XNNPACK's "
+             f"runner / explicit-state form (processes that also hold torch, which ExecuTorch's "
+             f"Python runtime imports), all at max length 512.\n\n"
              + table(rounds, args) + "\n\nWhere a decoded token's time goes, 1 thread, "
              f"-p {args.p} -n {args.n} (microseconds per token; the operator columns are "
              f"ONNX Runtime's profile, whose own cost per node inflates the small operators "
