@@ -1,5 +1,7 @@
-"""What the shear costs per layer in an ExecuTorch XNNPACK runner-form program, timed alone: the
-floor under the runner form's PSA / twin decode ratio (docs/benchmarks.md's runner block).
+"""The shear's cost per layer in an ExecuTorch XNNPACK runner-form program, timed alone.
+
+It is the floor under the runner form's PSA / twin decode ratio (docs/benchmarks.md's runner
+block).
 
 Two programs of `--layers` stand-in layers. In each, a layer's key comes out of an XNNPACK
 delegate (`x * 1.5`, where the runner form has RoPE) and is written into a static cache by
@@ -7,8 +9,8 @@ ExecuTorch's llama `update_cache`, as in the runner form. The PSA program first 
 the runner form's own pieces: `RunnerRows`, the window's read (index_select, times
 `continues`), `ops.shear` (the shift's Concat and Slice, then Sub, Mul, Add) and `write_rows`
 (index_put_). Both take any chunk length, like the runner program, and are timed at S = 1 (a
-decode step): the best of `--rounds` rounds of `--calls` calls each, taking turns. The difference
-per layer is the shear's cost, the delegate call it adds included.
+decode step): the best of 9 rounds of 5000 calls each (`per_layer_us`), taking turns. The
+difference per layer is the shear's cost, the delegate call it adds included.
 
     .venv/bin/python tools/shear_chain.py --heads 4 --head-dim 64
 """
