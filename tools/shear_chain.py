@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import argparse
 import time
-import warnings
 
-RUNNER_MAX_LEN = 512  # the benchmark builds' max length (common.MAX_LEN)
+from common import MAX_LEN
 
 
 def chain_module(layers: int, heads: int, head_dim: int, window: int, sheared: bool):
@@ -35,13 +34,13 @@ def chain_module(layers: int, heads: int, head_dim: int, window: int, sheared: b
         def __init__(self):
             super().__init__()
             for i in range(layers):
-                self.register_buffer(f"cache_{i}", torch.zeros(1, RUNNER_MAX_LEN, heads,
+                self.register_buffer(f"cache_{i}", torch.zeros(1, MAX_LEN, heads,
                                                                 head_dim), persistent=False)
                 self.register_buffer(f"raw_{i}", torch.zeros(1, heads, window + 1, head_dim),
                                      persistent=False)
 
         def forward(self, x, input_pos):
-            rows = RunnerRows(input_pos, x.shape[2], RUNNER_MAX_LEN, window)
+            rows = RunnerRows(input_pos, x.shape[2], MAX_LEN, window)
             out = x
             for i in range(layers):
                 key = sheared_key = out * 1.5
@@ -59,19 +58,21 @@ def chain_module(layers: int, heads: int, head_dim: int, window: int, sheared: b
 
 
 def lowered_method(module, heads: int, head_dim: int):
-    """`forward` of the module lowered as the runner form is (XNNPACK, in-place buffers)."""
+    """`forward` of the module lowered as the runner form is: `executorch_target.to_edge`
+    (XNNPACK), then the reinplace pass that keeps the buffer writes in place."""
     import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir import ExecutorchBackendConfig
     from executorch.runtime import Runtime
     from torch.export import Dim
 
+    from psa_edge.export import quiet
+    from psa_edge.export.executorch_target import to_edge
+
     example = (torch.randn(1, heads, 4, head_dim), torch.tensor([0]))
-    seq = Dim("seq", min=1, max=RUNNER_MAX_LEN - 1)
-    with warnings.catch_warnings():  # torch.export's deprecation notes on the llama ops' checks
-        warnings.simplefilter("ignore")
+    seq = Dim("seq", min=1, max=MAX_LEN - 1)
+    with quiet():
         program = torch.export.export(module, example, dynamic_shapes=({2: seq}, None))
-        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        edge = to_edge(program, delegated=True)
         pte = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass=True))
     loaded = Runtime.get().load_program(pte.buffer)
     return loaded, loaded.load_method("forward")
@@ -92,7 +93,7 @@ def per_layer_us(heads: int, head_dim: int, window: int, layers: int = 8, calls:
         module = chain_module(layers, heads, head_dim, window, sheared)
         methods[name] = lowered_method(module, heads, head_dim)
     step = torch.randn(1, heads, 1, head_dim)
-    positions = [torch.tensor([RUNNER_MAX_LEN // 4 + i]) for i in range(RUNNER_MAX_LEN // 2)]
+    positions = [torch.tensor([MAX_LEN // 4 + i]) for i in range(MAX_LEN // 2)]
     best = {name: float("inf") for name in methods}
     for _ in range(rounds):
         for name, (_, method) in methods.items():

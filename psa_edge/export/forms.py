@@ -142,8 +142,8 @@ class StaticCache(LayerCache):
 def write_rows(buffer: Tensor, rows: Tensor, new: Tensor) -> None:
     """buffer[:, :, rows] = new (the raw-key window), as the index_put_ that ExecuTorch's
     reinplace pass keeps in place (`executorch_target.lower`); without it the write is a copy
-    of the whole buffer on every call. Called as the op: `buffer[:, :, rows] = new` drops the leading 1 of `new`, which
-    the in-place kernel refuses."""
+    of the whole buffer on every call. Called as the op: `buffer[:, :, rows] = new` drops the
+    leading 1 of `new`, which the in-place kernel refuses."""
     torch.ops.aten.index_put_(buffer, [None, None, rows], new)
 
 
