@@ -220,7 +220,8 @@ class RunnerSession(BaseSession):
             self.written = -1
         logits = self.program.run(tokens, start)
         self.tokens.extend(int(t) for t in tokens)
-        self.cached = self.cached[:start] + self.tokens[start:]
+        del self.cached[start:]  # in place: a step costs O(S), not a copy of the sequence
+        self.cached.extend(self.tokens[start:])
         self.written = max(self.written, self.length - 1)
         for i, row in enumerate(logits):
             self._logits[start + i] = row
