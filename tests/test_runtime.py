@@ -360,6 +360,11 @@ def test_bad_input_leaves_the_session_usable(artifacts, small_vocab):
     before = {k: v.copy() for k, v in session.state.items()}
     with pytest.raises(SequenceError, match="outside the vocabulary"):
         session.feed([3, 64])
+    for token in (64, -1):  # one token: the decode step's own check
+        with pytest.raises(SequenceError, match=f"token id {token} is outside the vocabulary"):
+            session.feed([token])
+    with pytest.raises(SequenceError, match="must be integers"):
+        session.feed([2.0])
     with pytest.raises(SequenceError, match="max length"):
         session.feed(np.zeros(40, np.int64))
     with pytest.raises(SequenceError, match="max length"):

@@ -124,10 +124,20 @@ class RunnerProgram:
         self.manifest, self.identity = artifact.manifest, artifact.identity
         self.program, methods = load_methods(artifact)
         self.method = methods["forward"]
+        # A one-token call's inputs: arrays written in place, which torch views without a copy
+        # (building two tensors per decode step cost more than writing two numbers).
+        self.step_token, self.step_position = np.zeros((1, 1), np.int64), np.zeros(1, np.int64)
+        self.step_inputs = [torch.from_numpy(self.step_token),
+                            torch.from_numpy(self.step_position)]
 
     def run(self, tokens: np.ndarray, position: int) -> np.ndarray:
-        tokens = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))[None]
-        return self.method.execute([tokens, torch.tensor([position])])[0][0].numpy()
+        if tokens.size == 1:
+            self.step_token[0, 0], self.step_position[0] = tokens[0], position
+            inputs = self.step_inputs
+        else:
+            inputs = [torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))[None],
+                      torch.tensor([position])]
+        return self.method.execute(inputs)[0].numpy()[0]
 
 
 def set_threads(threads: int | None) -> int:

@@ -77,11 +77,14 @@ class BaseSession:
         vocab = self.io.vocab_size
         if tokens.size == 0:
             raise SequenceError("no tokens to feed")
-        if not np.issubdtype(tokens.dtype, np.integer):
+        if tokens.dtype.kind not in "iu":
             raise SequenceError(f"token ids must be integers, got {tokens.dtype}")
-        bad = tokens[(tokens < 0) | (tokens >= vocab)]
-        if bad.size:
-            raise SequenceError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab})")
+        # A decode step's one token is checked as a number: the masks cost more than the rest.
+        if tokens.size > 1 or not 0 <= tokens[0] < vocab:
+            bad = tokens[(tokens < 0) | (tokens >= vocab)]
+            if bad.size:
+                raise SequenceError(f"token id {int(bad[0])} is outside the vocabulary "
+                                    f"[0, {vocab})")
         if start + tokens.size > self.io.max_seq_len:
             raise SequenceError(f"{start} + {tokens.size} tokens exceed the artifact's "
                                 f"max length {self.io.max_seq_len}")
@@ -120,7 +123,7 @@ class ChunkedSession(BaseSession):
         while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
                 >= ROLLBACK_WINDOW:
             del self._chunks[0]
-        self.tokens.extend(int(t) for t in tokens)
+        self.tokens.extend(tokens.tolist())
         self.last_logits = logits[-1]
 
     def rewind(self, length: int) -> tuple[Chunk, int]:
@@ -219,13 +222,14 @@ class RunnerSession(BaseSession):
         if start == 0:
             self.written = -1
         logits = self.program.run(tokens, start)
-        self.tokens.extend(int(t) for t in tokens)
+        self.tokens.extend(tokens.tolist())
         del self.cached[start:]  # in place: a step costs O(S), not a copy of the sequence
         self.cached.extend(self.tokens[start:])
         self.written = max(self.written, self.length - 1)
         for i, row in enumerate(logits):
             self._logits[start + i] = row
-        for position in [p for p in self._logits if p < self.length - ROLLBACK_WINDOW]:
+        oldest = self.length - ROLLBACK_WINDOW
+        for position in [p for p in self._logits if p < oldest]:
             del self._logits[position]
         self.last_logits = logits[-1]
         return logits
