@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import BENCH, MAX_LEN, artifact, kept_block, machine, psa_edge_json, \
+from common import BENCH, MAX_LEN, artifact, commit, kept_block, machine, psa_edge_json, \
     random_checkpoint, write_block, write_doc
 
 from psa_edge.runtime.bench import geomean_ci
@@ -249,11 +249,6 @@ def build_ratios(preset: str, builds, form: str, args) -> list[tuple]:
         print(f"{preset} {target} {form} {quant or 'fp32'}: {ratio_text(ratios[p50])}",
               flush=True)
     return rows
-
-
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
 
 
 def optimized_ratios(args, form: str) -> None:

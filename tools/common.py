@@ -42,6 +42,12 @@ def machine() -> str:
     return f"{cpu_model()} ({os.cpu_count()} cores, {platform.machine()}), torch {torch}"
 
 
+def commit() -> str:
+    """The repository's HEAD, short: the commit a page's block was measured at."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=REPO).stdout.strip()
+
+
 def psa_edge(*args, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """`psa-edge ARGS` with this interpreter, from the repository root."""
     result = subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
