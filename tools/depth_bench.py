@@ -74,11 +74,13 @@ def main() -> None:
                         default=["int8", "int4"],
                         help="fp32's tokens are long enough to hide the slope in a VM's noise")
     parser.add_argument("--depths", nargs=2, type=int, default=[0, 384],
-                        help="the shallow and the deep depth")
+                        help="the shallow and the deep depth (deep + n within max length 512)")
     parser.add_argument("-n", type=int, default=64)
     parser.add_argument("-r", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    if not 0 <= args.depths[0] < args.depths[1]:
+        parser.error(f"--depths needs a shallow depth >= 0 below the deep one, got {args.depths}")
     rates = measure(args)
     block = (f"{machine()}, commit {commit()}, 1 thread; median of {args.rounds} rounds of "
              f"llama-bench -d DEPTH -n {args.n} -r {args.r} and `psa-edge bench --depth DEPTH "
