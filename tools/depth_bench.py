@@ -1,5 +1,7 @@
-"""docs/benchmarks.md's depth block: decode tokens/s with a filled cache, psa-edge against
-llama.cpp, and what each cached position adds to a decoded token.
+"""Decode with a filled cache, psa-edge against llama.cpp: docs/benchmarks.md's depth block.
+
+Tokens/s after no context and after `depth` context tokens, and what each cached position adds
+to a decoded token.
 
     .venv/bin/python tools/depth_bench.py --presets psa-30m psa-92m --depths 0 384
 
