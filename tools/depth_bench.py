@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from common import artifact, commit, machine, psa_edge_json, write_block
+from common import MAX_LEN, artifact, commit, machine, psa_edge_json, write_block
 from llama_cpp_bench import PRECISIONS, build_llama_cpp, gguf_builds, llama_bench
 
 COLUMNS = {"xnnpack-runner": "ExecuTorch XNNPACK, runner form",
@@ -76,7 +76,7 @@ def main() -> None:
                         default=["int8", "int4"],
                         help="fp32's tokens are long enough to hide the slope in a VM's noise")
     parser.add_argument("--depths", nargs=2, type=int, default=[0, 384],
-                        help="the shallow and the deep depth (deep + n within max length 512)")
+                        help=f"the shallow and the deep depth (deep + n <= {MAX_LEN})")
     parser.add_argument("-n", type=int, default=64)
     parser.add_argument("-r", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
@@ -86,9 +86,9 @@ def main() -> None:
     rates = measure(args)
     block = (f"{machine()}, commit {commit()}, 1 thread; median of {args.rounds} rounds of "
              f"llama-bench -d DEPTH -n {args.n} -r {args.r} and `psa-edge bench --depth DEPTH "
-             f"-n {args.n} -r {args.r}` taking turns, random weights, max length 512. The last "
-             f"column is the time each cached position adds to a decoded token, from the two "
-             f"depths.\n\n"
+             f"-n {args.n} -r {args.r}` taking turns, random weights, max length {MAX_LEN}. The "
+             f"last column is the time each cached position adds to a decoded token, from the "
+             f"two depths.\n\n"
              + table(rates, args) + "\n")
     write_block("depth", block, "docs/benchmarks.md")
     print(block)

@@ -124,20 +124,21 @@ class RunnerProgram:
         self.manifest, self.identity = artifact.manifest, artifact.identity
         self.program, methods = load_methods(artifact)
         self.method = methods["forward"]
-        # A one-token call's inputs: arrays written in place, which torch views without a copy
-        # (building two tensors per decode step cost more than writing two numbers).
-        self.step_token, self.step_position = np.zeros((1, 1), np.int64), np.zeros(1, np.int64)
-        self.step_inputs = [torch.from_numpy(self.step_token),
-                            torch.from_numpy(self.step_position)]
+        # The position and a one-token call's token: arrays written in place, which torch views
+        # without a copy (building two tensors per decode step cost more than writing two
+        # numbers).
+        self.position, self.step_token = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
+        self.position_input = torch.from_numpy(self.position)
+        self.step_token_input = torch.from_numpy(self.step_token)
 
     def run(self, tokens: np.ndarray, position: int) -> np.ndarray:
+        self.position[0] = position
         if tokens.size == 1:
-            self.step_token[0, 0], self.step_position[0] = tokens[0], position
-            inputs = self.step_inputs
+            self.step_token[0, 0] = tokens[0]
+            token_input = self.step_token_input
         else:
-            inputs = [torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))[None],
-                      torch.tensor([position])]
-        return self.method.execute(inputs)[0].numpy()[0]
+            token_input = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))[None]
+        return self.method.execute([token_input, self.position_input])[0].numpy()[0]
 
 
 def set_threads(threads: int | None) -> int:

@@ -79,12 +79,11 @@ class BaseSession:
             raise SequenceError("no tokens to feed")
         if tokens.dtype.kind not in "iu":
             raise SequenceError(f"token ids must be integers, got {tokens.dtype}")
-        # A decode step's one token is checked as a number: the masks cost more than the rest.
-        if tokens.size > 1 or not 0 <= tokens[0] < vocab:
-            bad = tokens[(tokens < 0) | (tokens >= vocab)]
-            if bad.size:
-                raise SequenceError(f"token id {int(bad[0])} is outside the vocabulary "
-                                    f"[0, {vocab})")
+        # As Python ints: a decode step's one token costs a comparison, not numpy's masks.
+        ids = tokens.tolist()
+        if min(ids) < 0 or max(ids) >= vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise SequenceError(f"token id {bad} is outside the vocabulary [0, {vocab})")
         if start + tokens.size > self.io.max_seq_len:
             raise SequenceError(f"{start} + {tokens.size} tokens exceed the artifact's "
                                 f"max length {self.io.max_seq_len}")
