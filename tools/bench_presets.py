@@ -271,9 +271,9 @@ def optimized_ratios(args, form: str) -> None:
 
 
 def shear_floor(rows, args) -> str:
-    """What the shear's ops cost alone (`shear_chain.per_layer_us`) against each preset's
-    fastest twin token of the table: the ratio they alone would give."""
-    from shear_chain import per_layer_us
+    """What the shear's ops cost alone (`shear_chain.per_layer_us`, warm and cold) against each
+    preset's fastest twin token of the table: the ratios they alone would give."""
+    from shear_chain import FLUSH_MB, per_layer_us
 
     from psa_edge.contract import RUNNER_WINDOW
     from psa_edge.model.config import preset_config
@@ -285,14 +285,18 @@ def shear_floor(rows, args) -> str:
                             cfg.num_hidden_layers, threads=args.threads)
         twin_ms = min(r[3]["results"][1][f"tg{args.n}"]["latency_ms_p50"]
                       for r in rows if r[0] == preset)
-        added_ms = cost["per_layer_us"] * cfg.num_hidden_layers / 1000
-        parts.append(f"{preset}: {cost['per_layer_us']:.2f} us per layer, "
-                     f"{cfg.num_hidden_layers} layers, {1000 * added_ms:.0f} us per token; "
-                     f"against its fastest twin token above ({twin_ms:.3f} ms) a ratio of "
-                     f"{1 + added_ms / twin_ms:.3f}")
+        added_us = [cost[f"{kind}_per_layer_us"] * cfg.num_hidden_layers
+                    for kind in ("warm", "cold")]
+        parts.append(f"{preset}: {cost['warm_per_layer_us']:.2f} us per layer warm, "
+                     f"{cost['cold_per_layer_us']:.2f} cold; {cfg.num_hidden_layers} layers, "
+                     f"{added_us[0]:.0f} / {added_us[1]:.0f} us per token; against its fastest "
+                     f"twin token above ({twin_ms:.3f} ms) ratios of "
+                     + " / ".join(f"{1 + us / 1000 / twin_ms:.3f}" for us in added_us))
     return ("The shear's ops timed alone (`tools/shear_chain.py`: the runner form's window read, "
             "shift, Sub, Mul, Add and window write, with the delegate call they add, in an "
-            "XNNPACK program at S = 1): " + "; ".join(parts) + ".")
+            "XNNPACK program at S = 1), warm (back to back) and cold (after "
+            f"{FLUSH_MB} MiB of other data was read, as a step's weights are between one "
+            "layer's shear and the next token's): " + "; ".join(parts) + ".")
 
 
 def peak_rss_mb(build: Path, depth: int, args) -> float:
