@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from psa_edge.backends.base import Graph
+from psa_edge.backends.huge_pages import collapse_resident_memory
 from psa_edge.contract import GraphIO
 from psa_edge.errors import ArtifactError
 from psa_edge.io import Artifact, native_output_captured
@@ -78,6 +79,7 @@ def load_methods(artifact: Artifact, optional: tuple[str, ...] = ()) -> tuple[ob
     io = GraphIO.from_manifest(artifact.manifest)
     for name, (inputs, outputs) in signatures.items():
         io.check_signature(inputs, outputs, f"{artifact.model_path} method {name}")
+    collapse_resident_memory()  # XNNPACK packed the weights as the methods loaded
     return program, methods
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from psa_edge.backends.base import Graph
+from psa_edge.backends.huge_pages import collapse_resident_memory
 from psa_edge.contract import GraphIO, State
 from psa_edge.errors import ArtifactError
 from psa_edge.io import Artifact
@@ -46,6 +47,7 @@ def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
         raise ArtifactError(f"{where}: the graph's input and output names are not those its "
                             f"manifest's config implies")
     io.check_signature([i.shape for i in inputs], [o.shape for o in outputs], where)
+    collapse_resident_memory()  # the session holds its (prepacked) weights from here
     return session
 
 
