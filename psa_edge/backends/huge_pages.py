@@ -9,10 +9,8 @@ returns 0 where it cannot run (not Linux, an older kernel, no /proc, THP turned 
 `PSA_EDGE_HUGE_PAGES=0`. The backends call it once a program or session has been loaded,
 when its weights (XNNPACK's packed ones, ONNX Runtime's initializers) are in memory.
 
-Why: a decode step reads every weight once. Behind 4 KiB pages, a step of psa-30m fp32 walks
-about 30,000 page-table entries, more than the TLB holds, so it runs at whatever speed the
-pages' placement gives: on the AMD EPYC VM the same program decoded 4.8 to 6.2 ms a token from
-one process to the next. Collapsed, it ran 4.2 to 4.6 ms (docs/runtime.md).
+Why: a decode step reads every weight once, so behind 4 KiB pages it walks a page-table
+entry per 4 KiB of weights, far more than the TLB holds; docs/runtime.md measures the gain.
 """
 
 from __future__ import annotations
