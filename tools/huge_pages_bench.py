@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from common import artifact, commit, machine, psa_edge_json, write_block
+from common import MAX_LEN, artifact, commit, machine, psa_edge_json, write_block
 
 BUILDS = (("psa-4m", "xnnpack", "int4", "runner"), ("psa-30m", "xnnpack", None, "runner"),
           ("psa-30m", "onnx", None, "fused"), ("psa-92m", "xnnpack", "int4", "runner"),
@@ -63,9 +63,9 @@ def main() -> None:
         lines.append(row(*build, args))
         print(lines[-1], flush=True)
     write_block("huge-pages", f"{machine()}, commit {commit()}, 1 thread, PSA builds of "
-                f"docs/benchmarks.md at max length 512: `psa-edge bench -p {args.p} -n {args.n} "
-                f"-r {args.r}` in {args.processes} fresh processes per setting, taking turns "
-                "(`PSA_EDGE_HUGE_PAGES=0`: small pages).\n\n" + "\n".join(lines),
+                f"docs/benchmarks.md at max length {MAX_LEN}: `psa-edge bench -p {args.p} "
+                f"-n {args.n} -r {args.r}` in {args.processes} fresh processes per setting, "
+                "taking turns (`PSA_EDGE_HUGE_PAGES=0`: small pages).\n\n" + "\n".join(lines),
                 "docs/runtime.md")
 
 

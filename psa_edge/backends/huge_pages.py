@@ -16,6 +16,7 @@ entry per 4 KiB of weights, far more than the TLB holds; docs/runtime.md measure
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import sys
 
@@ -23,6 +24,7 @@ import numpy as np
 
 MADV_COLLAPSE = 25  # <linux/mman.h>, Linux 6.1
 PRESENT = np.uint64(1) << np.uint64(63)  # /proc/self/pagemap: the page is in RAM
+SCAN = 1 << 30  # address space whose pagemap entries are read at once (2 MiB of them)
 
 
 def enabled() -> bool:
@@ -47,14 +49,15 @@ def resident_huge_pages(pagemap_fd: int, start: int, end: int, page: int, huge: 
                         ) -> list[int]:
     """Addresses of the `huge`-aligned stretches in [start, end) whose pages are all in RAM."""
     low, high = -(-start // huge) * huge, end // huge * huge
-    if high <= low:
-        return []
-    size = (high - low) // page * 8
-    entries = np.frombuffer(os.pread(pagemap_fd, size, low // page * 8), dtype=np.uint64)
-    if entries.size * 8 != size:
-        return []
-    present = ((entries & PRESENT) != 0).reshape(-1, huge // page).all(axis=1)
-    return [low + int(i) * huge for i in np.flatnonzero(present)]
+    found = []
+    for first in range(low, high, SCAN):  # a slice at a time: a mapping may span terabytes
+        size = (min(first + SCAN, high) - first) // page * 8
+        entries = np.frombuffer(os.pread(pagemap_fd, size, first // page * 8), dtype=np.uint64)
+        if entries.size * 8 != size:
+            return found
+        present = ((entries & PRESENT) != 0).reshape(-1, huge // page).all(axis=1)
+        found += [first + int(i) * huge for i in np.flatnonzero(present)]
+    return found
 
 
 def runs(addresses: list[int], huge: int) -> list[tuple[int, int]]:
@@ -88,6 +91,7 @@ def resident_stretches() -> tuple[list[int], int]:
 
 
 def collapse_resident_memory() -> int:
+    """Collapse the wholly resident stretches into huge pages; the bytes asked for."""
     if not enabled():
         return 0
     stretches, huge = resident_stretches()
@@ -95,7 +99,7 @@ def collapse_resident_memory() -> int:
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     asked = 0
     for start, length in runs(stretches, huge):
-        if libc.madvise(start, length, MADV_COLLAPSE) != 0 and ctypes.get_errno() == 22:
+        if libc.madvise(start, length, MADV_COLLAPSE) != 0 and ctypes.get_errno() == errno.EINVAL:
             return asked  # EINVAL: this kernel has no MADV_COLLAPSE, or THP is off
         # Any other failure (EAGAIN, ENOMEM: no huge page free now) leaves small pages there.
         asked += length
