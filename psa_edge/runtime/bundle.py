@@ -30,7 +30,7 @@ from psa_edge.io import artifact_folder, atomic_directory, read_artifact, sha256
 PACKAGE = Path(__file__).resolve().parent.parent
 RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "contract.py", "tokenizer.py",
                  "display.py", "cli.py", "backends/__init__.py", "backends/base.py",
-                 "backends/onnxruntime.py", "backends/executorch.py",
+                 "backends/onnxruntime.py", "backends/executorch.py", "backends/huge_pages.py",
                  "runtime/__init__.py", "runtime/session.py", "runtime/generate.py",
                  "runtime/speculative.py", "runtime/run.py", "runtime/bench.py",
                  "runtime/bundle.py", "runtime/guard.py",
