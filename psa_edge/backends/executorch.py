@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from psa_edge.backends.base import Graph
-from psa_edge.backends.huge_pages import collapse_resident_memory
+from psa_edge.backends.huge_pages import collapse_resident_memory, resident_now
 from psa_edge.contract import GraphIO
 from psa_edge.errors import ArtifactError
 from psa_edge.io import Artifact, native_output_captured
@@ -58,6 +58,7 @@ def load_methods(artifact: Artifact, optional: tuple[str, ...] = ()) -> tuple[ob
     methods run on the program's memory: the caller keeps the program alive with them."""
     quiet_imports()
     log: list[str] = []
+    held = resident_now()
     try:
         with native_output_captured() as log:
             from executorch.extension.pybindings import portable_lib
@@ -79,7 +80,7 @@ def load_methods(artifact: Artifact, optional: tuple[str, ...] = ()) -> tuple[ob
     io = GraphIO.from_manifest(artifact.manifest)
     for name, (inputs, outputs) in signatures.items():
         io.check_signature(inputs, outputs, f"{artifact.model_path} method {name}")
-    collapse_resident_memory()  # XNNPACK packed the weights as the methods loaded
+    collapse_resident_memory(held)  # XNNPACK packed the weights as the methods loaded
     return program, methods
 
 

@@ -7,7 +7,8 @@ changes no address and no byte, and makes nothing resident that was not: a stret
 one page missing is left alone, because collapsing it would fill the hole. It does nothing and
 returns 0 where it cannot run (not Linux, an older kernel, no /proc, THP turned off) and when
 `PSA_EDGE_HUGE_PAGES=0`. The backends call it once a program or session has been loaded,
-when its weights (XNNPACK's packed ones, ONNX Runtime's initializers) are in memory.
+when its weights (XNNPACK's packed ones, ONNX Runtime's initializers) are in memory, passing
+`resident_now()` as taken before the load so that only the load's own memory is copied.
 
 Why: a decode step reads every weight once, so behind 4 KiB pages it walks a page-table
 entry per 4 KiB of weights, far more than the TLB holds; docs/runtime.md measures the gain.
@@ -90,17 +91,25 @@ def resident_stretches() -> tuple[list[int], int]:
         return [], 0
 
 
-def collapse_resident_memory() -> int:
-    """Collapse the wholly resident stretches into huge pages; the bytes asked for."""
+def collapse_resident_memory(already: frozenset[int] = frozenset()) -> int:
+    """Collapse the wholly resident stretches, except those in `already` (`resident_now()` taken
+    before a load: only what the load made resident is copied); the bytes asked for."""
     if not enabled():
         return 0
     stretches, huge = resident_stretches()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     asked = 0
-    for start, length in runs(stretches, huge):
+    for start, length in runs([a for a in stretches if a not in already], huge):
         if libc.madvise(start, length, MADV_COLLAPSE) != 0 and ctypes.get_errno() == errno.EINVAL:
             return asked  # EINVAL: this kernel has no MADV_COLLAPSE, or THP is off
         # Any other failure (EAGAIN, ENOMEM: no huge page free now) leaves small pages there.
         asked += length
     return asked
+
+
+def resident_now() -> frozenset[int]:
+    """The wholly resident stretches before a load, for `collapse_resident_memory(already=)`:
+    collapsing the memory the process held before (torch's, the interpreter's) would copy
+    hundreds of MB on every load for no decode-time gain."""
+    return frozenset(resident_stretches()[0]) if enabled() else frozenset()

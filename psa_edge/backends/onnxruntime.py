@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from psa_edge.backends.base import Graph
-from psa_edge.backends.huge_pages import collapse_resident_memory
+from psa_edge.backends.huge_pages import collapse_resident_memory, resident_now
 from psa_edge.contract import GraphIO, State
 from psa_edge.errors import ArtifactError
 from psa_edge.io import Artifact
@@ -36,6 +36,7 @@ def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
         options.intra_op_num_threads = threads
     if profile_prefix:  # ONNX Runtime's profiler (`psa-edge bench --profile`)
         options.enable_profiling, options.profile_file_prefix = True, profile_prefix
+    held = resident_now()
     try:
         session = ort.InferenceSession(artifact.data, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises its own classes for bad files
@@ -47,7 +48,7 @@ def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
         raise ArtifactError(f"{where}: the graph's input and output names are not those its "
                             f"manifest's config implies")
     io.check_signature([i.shape for i in inputs], [o.shape for o in outputs], where)
-    collapse_resident_memory()  # the session holds its (prepacked) weights from here
+    collapse_resident_memory(held)  # the session holds its (prepacked) weights from here
     return session
 
 
