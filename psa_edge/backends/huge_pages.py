@@ -111,5 +111,5 @@ def collapse_resident_memory(already: frozenset[int] = frozenset()) -> int:
 def resident_now() -> frozenset[int]:
     """The wholly resident stretches before a load, for `collapse_resident_memory(already=)`:
     collapsing the memory the process held before (torch's, the interpreter's) would copy
-    hundreds of MB on every load for no decode-time gain."""
+    hundreds of MB on a process's first load for no decode-time gain."""
     return frozenset(resident_stretches()[0]) if enabled() else frozenset()
