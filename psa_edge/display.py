@@ -112,11 +112,21 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def huge_pages_line(report: dict) -> str:
+    """Which pages the weights ran on: decode speed depends on it (docs/runtime.md)."""
+    state = report.get("huge_pages") or {}
+    if state.get("anon_huge_bytes") is None:
+        return "huge pages unknown"
+    collapsed = "loads collapsed" if state["collapse"] else "loads not collapsed"
+    return (f"on huge pages {state['anon_huge_bytes'] / 1e6:.0f} MB (THP "
+            f"{state['thp'] or 'unknown'}, {collapsed})")
+
+
 def bench_tables(report: dict, markdown: bool = False) -> None:
     header, rows = bench_rows(report)
     m = report["machine"]
     machine = (f"{m['cpu']}, {m['cores']} cores, {m['arch']}, {m['os']}; peak RSS "
-               f"{report['peak_rss_bytes'] / 1e6:.0f} MB")
+               f"{report['peak_rss_bytes'] / 1e6:.0f} MB; {huge_pages_line(report)}")
     ratios = ratio_rows(report)
     runner = runner_lines(report)
     if markdown:

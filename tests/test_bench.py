@@ -41,7 +41,7 @@ def test_bench_json_has_every_field(artifacts, tmp_path):
     for r in (psa, twin):
         assert r["backend"] == "onnxruntime" and r["precision"] == "fp32"
         assert r["size_bytes"] == os.path.getsize(f"{r['artifact']}/model.onnx")
-        assert "load_rss_bytes" in r
+        assert "load_rss_bytes" in r and "load_huge_bytes" in r
         assert r["pp8"]["tokens_per_second"] > 0 and r["pp8"]["ttft_ms_mean"] > 0
         assert 0 < r["tg8"]["latency_ms_p50"] <= r["tg8"]["latency_ms_p90"]
         assert r["tg8"]["stddev"] == 0.0  # one repetition
@@ -56,8 +56,25 @@ def test_bench_json_has_every_field(artifacts, tmp_path):
         assert value["ci95"] is None  # one repetition has no interval
     assert 1 <= report["turn_tokens"] <= 8
     assert plot.stat().st_size > 1000
+    assert set(report["huge_pages"]) == {"collapse", "thp", "anon_huge_bytes"}
+    assert report["huge_pages"]["collapse"] is (sys.platform == "linux")
     table = cli("bench", artifacts["onnx"], "-p", "8", "-n", "8", "-r", "1", "--markdown")
     assert table.returncode == 0 and "| pp8 |" in table.stdout and "| tg8 |" in table.stdout
+    assert "huge pages" in table.stdout.splitlines()[-1]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc says which pages memory is on")
+def test_report_says_which_pages_the_weights_ran_on(artifacts, monkeypatch):
+    from psa_edge.backends import huge_pages
+
+    monkeypatch.setenv("PSA_EDGE_HUGE_PAGES", "0")
+    report = run_bench(artifacts["onnx"], SMALL)
+    state = report["huge_pages"]
+    assert state["collapse"] is False and state["thp"] == huge_pages.thp_setting()
+    assert state["thp"] in ("always", "madvise", "never")
+    assert isinstance(state["anon_huge_bytes"], int) and state["anon_huge_bytes"] >= 0
+    if state["thp"] != "always":  # nothing asks for huge pages: the load puts none there
+        assert report["results"][0]["load_huge_bytes"] == 0
 
 
 def test_vs_opens_both_artifacts_afresh_every_repetition(artifacts, monkeypatch):

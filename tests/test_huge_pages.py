@@ -101,8 +101,16 @@ def test_collapses_dense_stretches_keeps_bytes_and_leaves_sparse_ones_alone():
     huge_pages.collapse_resident_memory(held_before)
     if not thp_always():  # (with "always" the kernel gave huge pages at the first touch)
         assert anon_huge_kib(start) == 0  # resident before: left as it was
+    process_before = huge_pages.anon_huge_bytes()
     assert huge_pages.collapse_resident_memory() >= 2 * huge
     assert anon_huge_kib(start) >= 2 * huge // 1024  # the dense stretches are huge pages now
+    # The process's total (smaps_rollup) is the sum over its mappings (smaps), and grew by
+    # at least the two stretches where the kernel had not given huge pages at the first touch.
+    assert huge_pages.anon_huge_bytes() == 1024 * sum(
+        int(line.split()[1]) for line in open("/proc/self/smaps")
+        if line.startswith("AnonHugePages:"))
+    if not thp_always():
+        assert huge_pages.anon_huge_bytes() - process_before >= 2 * huge
     assert present_pages(start + 2 * huge, 2 * huge) == before  # no hole was filled
     assert np.array_equal(dense, np.arange(dense.size) % 251)
     assert (sparse[::huge // 4] == 7).all() and sparse.sum() == 7 * 8

@@ -9,6 +9,8 @@ returns 0 where it cannot run (not Linux, an older kernel, no /proc, THP turned 
 `PSA_EDGE_HUGE_PAGES=0`. The backends call it once a program or session has been loaded,
 when its weights (XNNPACK's packed ones, ONNX Runtime's initializers) are in memory, passing
 `resident_now()` as taken before the load so that only the load's own memory is copied.
+`state()` says what a benchmark ran on: whether psa-edge collapses, the kernel's THP setting,
+and the process's bytes on huge pages now (None where /proc cannot tell).
 
 Why: a decode step reads every weight once, so behind 4 KiB pages it walks a page-table
 entry per 4 KiB of weights, far more than the TLB holds; docs/runtime.md measures the gain.
@@ -113,3 +115,33 @@ def resident_now() -> frozenset[int]:
     collapsing the memory the process held before (torch's, the interpreter's) would copy
     hundreds of MB on a process's first load for no decode-time gain."""
     return frozenset(resident_stretches()[0]) if enabled() else frozenset()
+
+
+def thp_setting() -> str | None:
+    """The kernel's transparent huge page setting ("always", "madvise", "never"), or None."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
+            text = setting.read()
+    except OSError:
+        return None
+    chosen = text[text.find("[") + 1:text.find("]")] if "[" in text else ""
+    return chosen or None
+
+
+def anon_huge_bytes() -> int | None:
+    """This process's anonymous memory on transparent huge pages now (AnonHugePages of
+    /proc/self/smaps_rollup), or None where the kernel does not say."""
+    try:
+        with open("/proc/self/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def state() -> dict:
+    """What a report records: {"collapse": psa-edge collapses loads, "thp": the kernel's
+    setting, "anon_huge_bytes": the process's bytes on huge pages now}."""
+    return {"collapse": enabled(), "thp": thp_setting(), "anon_huge_bytes": anon_huge_bytes()}

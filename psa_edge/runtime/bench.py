@@ -27,7 +27,12 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   both files, taking turns run by run, and adds its prefill time and decode time per token
   ratios to the PSA/twin ratios;
 - also reported: artifact size, backend, precision, threads, RSS added by loading the artifact
-  (and warm-up) and the process's peak RSS, the machine, and FLOPs per decoded token.
+  (and warm-up) and the process's peak RSS, the machine, and FLOPs per decoded token;
+- and the pages the weights ran on, which move decode speed by up to a fifth (docs/runtime.md):
+  per artifact the bytes its load put on transparent huge pages (`load_huge_bytes`), and per
+  report `huge_pages` (`backends.huge_pages.state()` after psa-edge's own runs: whether loads
+  are collapsed, the kernel's THP setting, the process's bytes on huge pages then).
+  ExecuTorch's TextLLMRunner loads its program itself, on whatever pages the kernel gives.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from psa_edge.backends import huge_pages
 from psa_edge.errors import ArtifactError, SequenceError
 from psa_edge.contract import TOKENIZER, same_architecture
 from psa_edge.io import artifact_folder, native_output_captured, read_artifact
@@ -120,11 +126,13 @@ class Runner:
     """One artifact under test: prefill and decode timers over its session (either form)."""
 
     def __init__(self, artifact: Path, threads: int | None):
-        before = rss_bytes()
+        before, huge_before = rss_bytes(), huge_pages.anon_huge_bytes()
         self.artifact, self.threads = artifact, threads
         self.open()
         self.manifest = self.session.manifest
         self.load_rss = rss_bytes() - before
+        huge_after = huge_pages.anon_huge_bytes()
+        self.load_huge = None if huge_before is None else huge_after - huge_before
 
     def open(self) -> None:
         """Open the artifact afresh; the previous session (and its program) is released first."""
@@ -306,7 +314,7 @@ def execute(bench: Bench, progress=None) -> dict:
             "precision": (m.get("quantization") or {}).get("scheme", "fp32"),
             "variant": m.get("variant"), "gamma_k": m.get("gamma_k"),
             "gamma_q": m.get("gamma_q"), "size_bytes": m.get("size_bytes"),
-            "load_rss_bytes": r.load_rss,
+            "load_rss_bytes": r.load_rss, "load_huge_bytes": r.load_huge,
             f"pp{spec.prompt}": {**summarize(pp[i], spec.prompt),
                                  "ttft_ms_mean": 1e3 * statistics.mean(pp[i])},
             f"tg{spec.gen}": {**summarize([sum(t) for t in tg[i]], spec.gen),
@@ -314,7 +322,8 @@ def execute(bench: Bench, progress=None) -> dict:
                               "latency_ms_p90": 1e3 * float(np.percentile(steps, 90))},
             "flops_per_token": flops_per_token(m["config"], spec.depth + spec.gen // 2)})
     report = {"spec": dataclasses.asdict(spec), "threads": bench.threads, "machine": machine(),
-              "depth": spec.depth, "results": results, "peak_rss_bytes": peak_rss_bytes()}
+              "depth": spec.depth, "results": results, "peak_rss_bytes": peak_rss_bytes(),
+              "huge_pages": huge_pages.state()}
     if vs:
         report["turn_tokens"] = block
         report["ratio_psa_over_twin"] = {
