@@ -1,6 +1,7 @@
 """Decode with and without huge pages under the weights: docs/runtime.md's huge-pages block.
 
     .venv/bin/python tools/huge_pages_bench.py   # ~8 min on 2 cores
+    .venv/bin/python tools/huge_pages_bench.py --llama-cpp   # ~6 min, after llama_cpp_bench.py
 
 A loaded program's memory is collapsed into transparent huge pages unless
 `PSA_EDGE_HUGE_PAGES=0` (psa_edge/backends/huge_pages.py). Per build, `--processes` fresh
@@ -8,12 +9,20 @@ processes of `psa-edge bench -p P -n N -r R --threads 1` run with it off and on,
 how fast a process decodes depends on where its pages landed, so the block gives each setting's
 slowest, median and fastest process, their peak RSS (VmHWM, the largest) and the memory the
 report found on huge pages at the end of the run (AnonHugePages, the median process's).
+
+`--llama-cpp`: the same question for llama-bench on the GGUFs `tools/llama_cpp_bench.py` wrote,
+in three settings taking turns: as that tool runs it (the weights read through an mmap of the
+file, whose pages the page cache chooses), `-lm none` (read into anonymous memory, small pages
+where THP is "madvise"), and `-lm none` with glibc advising its allocations MADV_HUGEPAGE.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 
 from common import MAX_LEN, artifact, commit, machine, psa_edge_json, write_block
 
@@ -21,6 +30,12 @@ BUILDS = (("psa-4m", "xnnpack", "int4", "runner"), ("psa-30m", "xnnpack", None, 
           ("psa-30m", "onnx", None, "fused"), ("psa-92m", "xnnpack", "int4", "runner"),
           ("psa-92m", "onnx", "int4", "fused"))
 NAMES = {"xnnpack": "ExecuTorch XNNPACK", "onnx": "ONNX Runtime"}
+GGUFS = (("psa-30m", "F32"), ("psa-30m", "Q4_0"), ("psa-92m", "Q4_0"))
+# llama-bench settings: (name, its load-mode arguments, environment added)
+LLAMA_SETTINGS = (("mmap of the GGUF (as shipped)", [], {}),
+                  ("-lm none", ["-lm", "none"], {}),
+                  ("-lm none, glibc.malloc.hugetlb=1", ["-lm", "none"],
+                   {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}))
 
 
 def run(build, huge_pages: bool, args) -> tuple[float, float, float]:
@@ -50,15 +65,52 @@ def row(preset, target, quant, form, args) -> str:
             f"{cells[1]} | **{gain:.2f}** | {rss} | {huge} |")
 
 
+def llama_cpp_row(preset: str, kind: str, args) -> str:
+    """One GGUF's decode tokens/s in each llama-bench setting: median process (of
+    `--processes`, the settings taking turns) and the median's ratio to the first setting's."""
+    from llama_cpp_bench import build_llama_cpp, gguf_builds
+
+    binaries = build_llama_cpp()
+    gguf = gguf_builds(preset, binaries)[kind]
+    rates = {name: [] for name, _, _ in LLAMA_SETTINGS}
+    for i in range(args.processes):
+        settings = LLAMA_SETTINGS if i % 2 == 0 else LLAMA_SETTINGS[::-1]
+        for name, load_mode, env in settings:
+            out = subprocess.run([binaries / "llama-bench", "-m", gguf, "-p", "0", "-n",
+                                  str(args.n), "-r", str(args.r), "-t", "1", *load_mode,
+                                  "-o", "json"], check=True, capture_output=True, text=True,
+                                 env={**os.environ, **env}).stdout
+            rates[name].append(json.loads(out)[0]["avg_ts"])
+    medians = [statistics.median(rates[name]) for name, _, _ in LLAMA_SETTINGS]
+    cells = [f"{m:.0f} ({m / medians[0]:.2f})" for m in medians]
+    return f"| {preset} | {kind} | " + " | ".join(cells) + " |"
+
+
+def llama_cpp_block(args) -> None:
+    lines = ["| preset | type | " + " | ".join(f"{name}: t/s (/ as shipped)"
+                                             for name, _, _ in LLAMA_SETTINGS) + " |",
+             "|---|---|" + "---|" * len(LLAMA_SETTINGS)]
+    for preset, kind in GGUFS:
+        lines.append(llama_cpp_row(preset, kind, args))
+        print(lines[-1], flush=True)
+    write_block("huge-pages-llama-cpp", f"{machine()}, commit {commit()}, 1 thread: llama-bench "
+                f"-p 0 -n {args.n} -r {args.r}, median of {args.processes} processes per "
+                "setting, the settings taking turns.\n\n" + "\n".join(lines), "docs/runtime.md")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=5, help="Processes per setting.")
     parser.add_argument("-p", type=int, default=128)
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("-r", type=int, default=3)
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="llama-bench's load modes instead of psa-edge's builds")
     args = parser.parse_args()
     if args.processes < 1:
         parser.error(f"--processes must be at least 1, not {args.processes}")
+    if args.llama_cpp:
+        return llama_cpp_block(args)
     lines = ["| preset | build | precision | decode t/s, small pages: slowest / median / "
              "fastest process | the same, huge pages | median, huge / small | peak RSS MB, "
              "small / huge | MB on huge pages, small / huge |", "|---|---|---|---|---|---|---|---|"]
