@@ -106,9 +106,11 @@ def test_collapses_dense_stretches_keeps_bytes_and_leaves_sparse_ones_alone():
     assert anon_huge_kib(start) >= 2 * huge // 1024  # the dense stretches are huge pages now
     # The process's total (smaps_rollup) is the sum over its mappings (smaps), and grew by
     # at least the two stretches where the kernel had not given huge pages at the first touch.
-    assert huge_pages.anon_huge_bytes() == 1024 * sum(
-        int(line.split()[1]) for line in open("/proc/self/smaps")
-        if line.startswith("AnonHugePages:"))
+    first = huge_pages.anon_huge_bytes()
+    summed = 1024 * sum(int(line.split()[1]) for line in open("/proc/self/smaps")
+                        if line.startswith("AnonHugePages:"))
+    second = huge_pages.anon_huge_bytes()  # (khugepaged may act between the reads)
+    assert min(first, second) <= summed <= max(first, second)
     if not thp_always():
         assert huge_pages.anon_huge_bytes() - process_before >= 2 * huge
     assert present_pages(start + 2 * huge, 2 * huge) == before  # no hole was filled

@@ -1,7 +1,8 @@
 """Decode with and without huge pages under the weights: docs/runtime.md's huge-pages block.
 
     .venv/bin/python tools/huge_pages_bench.py   # ~8 min on 2 cores
-    .venv/bin/python tools/huge_pages_bench.py --llama-cpp   # ~6 min, after llama_cpp_bench.py
+    .venv/bin/python tools/huge_pages_bench.py --llama-cpp --processes 10   # ~2 min, after
+                                             # tools/llama_cpp_bench.py wrote its GGUFs
 
 A loaded program's memory is collapsed into transparent huge pages unless
 `PSA_EDGE_HUGE_PAGES=0` (psa_edge/backends/huge_pages.py). Per build, `--processes` fresh

@@ -28,7 +28,7 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   ratios to the PSA/twin ratios;
 - also reported: artifact size, backend, precision, threads, RSS added by loading the artifact
   (and warm-up) and the process's peak RSS, the machine, and FLOPs per decoded token;
-- and the pages the weights ran on, which move decode speed by up to a fifth (docs/runtime.md):
+- and the pages the weights ran on, which moved decode speed by up to 1.18x (docs/runtime.md):
   per artifact the bytes its load put on transparent huge pages (`load_huge_bytes`), and per
   report `huge_pages` (`backends.huge_pages.state()` after psa-edge's own runs: whether loads
   are collapsed, the kernel's THP setting, the process's bytes on huge pages then).
@@ -132,7 +132,8 @@ class Runner:
         self.manifest = self.session.manifest
         self.load_rss = rss_bytes() - before
         huge_after = huge_pages.anon_huge_bytes()
-        self.load_huge = None if huge_before is None else huge_after - huge_before
+        self.load_huge = (None if huge_before is None or huge_after is None
+                          else huge_after - huge_before)
 
     def open(self) -> None:
         """Open the artifact afresh; the previous session (and its program) is released first."""
