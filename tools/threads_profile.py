@@ -1,7 +1,7 @@
 """Decode at 1 and 2 threads, and how often the threadpool's worker sleeps: docs/runtime.md's
 threads block.
 
-    .venv/bin/python tools/threads_profile.py   # ~4 min on 2 cores
+    .venv/bin/python tools/threads_profile.py --processes 5   # ~7 min on 2 cores
 
 The int4 runner-form builds of docs/benchmarks.md (XNNPACK, PSA and its gamma = 0 twin) decode
 128 tokens from an empty cache, over and over for `--seconds`, in fresh processes at 1 and at 2
