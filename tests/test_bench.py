@@ -128,11 +128,18 @@ def test_decode_in_turns_alternates_and_keeps_positions():
                    ("b", 4, 6), ("a", 4, 6), ("a", 6, 7), ("b", 6, 7)]
 
 
-def test_bench_executorch_and_its_own_runner(artifacts, capsys):
+def test_bench_executorch_and_its_own_runner(artifacts, capsys, monkeypatch):
+    from psa_edge.runtime.bench import huge_pages
+
     report = run_bench(artifacts["xnnpack"], SMALL, artifacts["xnnpack-twin"])
     assert [r["backend"] for r in report["results"]] == ["executorch"] * 2
+    collapsed, collapse = [], huge_pages.collapse_resident_memory
+    monkeypatch.setattr(huge_pages, "collapse_resident_memory",
+                        lambda already: collapsed.append(already) or collapse(already))
     runner = run_bench(artifacts["runner"], BenchSpec(prompt=8, gen=8, reps=2),
                        artifacts["runner-twin"])
+    # TextLLMRunner's load, once per repetition, collapsed as psa-edge's own loads are.
+    assert len(collapsed) == 2 and all(isinstance(a, frozenset) for a in collapsed)
     for result in runner["results"]:
         assert result["form"] == "runner" and result["tg8"]
         stats = result["executorch_runner"]

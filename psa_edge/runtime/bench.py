@@ -32,7 +32,8 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   per artifact the bytes its load put on transparent huge pages (`load_huge_bytes`), and per
   report `huge_pages` (`backends.huge_pages.state()` after psa-edge's own runs: whether loads
   are collapsed, the kernel's THP setting, the process's bytes on huge pages then).
-  ExecuTorch's TextLLMRunner loads its program itself, on whatever pages the kernel gives.
+  ExecuTorch's TextLLMRunner loads its program itself; after its warm-up, what that load made
+  resident is collapsed as psa-edge's own loads are, so the two loops run on the same pages.
 """
 
 from __future__ import annotations
@@ -374,12 +375,14 @@ def executorch_runner_stats(artifacts: list[Path], manifests: list[dict], spec: 
         for rep in range(spec.reps):
             order = list(range(len(artifacts)))[::1 if rep % 2 == 0 else -1]
             runners = None  # the previous repetition's programs are released first
+            held = huge_pages.resident_now()
             runners = {i: TextLLMRunner(str(read_artifact(artifacts[i]).model_path),
                                         str(artifact_folder(artifacts[i]) / TOKENIZER))
                        for i in order}
-            for i in order:
+            for i in order:  # (the runner loads its program on its first generation)
                 runners[i].generate(prompt, warm_up, token_callback=ignore,
                                     stats_callback=ignore)
+            huge_pages.collapse_resident_memory(held)
             for i in order:
                 runners[i].reset()
                 runners[i].generate(prompt, timed, token_callback=ignore,
