@@ -379,7 +379,7 @@ def executorch_runner_stats(artifacts: list[Path], manifests: list[dict], spec: 
             runners = {i: TextLLMRunner(str(read_artifact(artifacts[i]).model_path),
                                         str(artifact_folder(artifacts[i]) / TOKENIZER))
                        for i in order}
-            for i in order:  # (the runner loads its program on its first generation)
+            for i in order:  # the warm-up: after it each runner has loaded its program
                 runners[i].generate(prompt, warm_up, token_callback=ignore,
                                     stats_callback=ignore)
             huge_pages.collapse_resident_memory(held)
