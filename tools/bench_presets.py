@@ -1,4 +1,5 @@
-"""docs/benchmarks.md and the README's bench block: prefill and decode speed of psa-4m and
+"""docs/benchmarks.md's presets block and the README's bench block (blocks only: the prose
+around them belongs to the page): prefill and decode speed of psa-4m and
 psa-30m, ONNX Runtime and ExecuTorch XNNPACK, fp32 and int8, PSA (key-only 0.8) against its
 gamma = 0 twin, interleaved by `psa-edge bench --vs`; `--exports`: docs/export-sizes.md;
 `--memory`: docs/benchmarks.md's memory block (peak RSS, fused against explicit-state);
@@ -29,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import BENCH, MAX_LEN, artifact, commit, kept_block, machine, psa_edge_json, \
+from common import BENCH, MAX_LEN, artifact, commit, machine, psa_edge_json, \
     random_checkpoint, write_block, write_doc
 
 from psa_edge.runtime.bench import geomean_ci
@@ -145,9 +146,7 @@ def write(rows, runner, controls, peak, args, wall) -> None:
              + f"\n\nRunner form (ExecuTorch XNNPACK fp32, caches inside the program), PSA / "
                f"twin decode: {runner_text}; A/A control: {runner_aa}.\n")
     write_block("bench", block)
-    write_doc("benchmarks.md", f"""# Benchmarks: PSA against its gamma = 0 twin
-
-Made by `.venv/bin/python tools/bench_presets.py --threads {args.threads} -p {args.p} -n {args.n}
+    write_block("presets", f"""Made by `.venv/bin/python tools/bench_presets.py --threads {args.threads} -p {args.p} -n {args.n}
 -r {args.r} --rounds {args.rounds}` in {wall / 60:.0f} min on {machine()}. Each pair is
 `psa-edge bench PSA --vs TWIN` and its inverse, {args.r} repetitions per process; each
 repetition opens both artifacts afresh and warms them up, and their decode steps alternate in
@@ -165,76 +164,7 @@ token's FLOPs here: what a ratio above 1 measures is per-op and per-tensor overh
 slot inputs, the raw-key output, the shear's three small ops), which weighs most on the
 smallest preset. The runner form's slots live inside the program, so its ratios do not carry
 over to the explicit-state form. This run was made at commit {commit()}; the runner section
-below is measured on its own (`--runner`) and names the commit it ran at.
-
-Earlier measurements of where PSA's per-token overhead arises, each stamped with the commit
-that made it and the command to rerun it there: [decode-profile.md](decode-profile.md),
-[xnnpack-profile.md](xnnpack-profile.md), [overhead-candidates.md](overhead-candidates.md).
-
-## The fused form: PSA against its twin
-
-Made by `.venv/bin/python tools/bench_presets.py --fused` (ONNX Runtime's fused operators over
-static in-place caches, docs/export.md), measured as above. The shear adds five nodes per layer
-to the twin's fourteen (Concat and Slice for the shifted stream, then Sub, Mul, Add), each a
-few hundred floating-point operations: a ratio above 1 is their per-node cost in ONNX Runtime,
-which weighs most where a token is shortest (int4, int8, the smaller preset).
-
-{kept_block("docs/benchmarks.md", "fused")}
-
-## The runner form: PSA against its twin
-
-Made by `.venv/bin/python tools/bench_presets.py --runner` (ExecuTorch XNNPACK's runner form:
-static caches written and attended by ExecuTorch's llama kernels, the raw keys of recent
-positions in a window for the slot; docs/export.md), measured as above. Its one method takes any
-chunk length, so the shear's shift is a slice of a dynamic dim, which XNNPACK refuses: per layer
-the twin's program does not have the window's read and write, that slice and one more delegate
-call, beside the shear's Sub, Mul and Add. The block's last paragraph times those ops alone, in
-a program of the runner form's own pieces, and gives the ratio they alone would cost. Where the
-measured ratio is above that, the difference is time those ops do not take themselves; its
-cause is not known (docs/export.md).
-
-{kept_block("docs/benchmarks.md", "runner")}
-
-## psa-edge against llama.cpp
-
-Made by `.venv/bin/python tools/llama_cpp_bench.py` (see its docstring): llama.cpp built from
-the llama-cpp-python source package, the twin written as GGUF, llama-bench and `psa-edge
-bench` taking turns. Read the decode rows against the profile below them: where psa-edge is
-behind, ONNX Runtime's weight MatMul kernels alone take most of the time llama.cpp needs for
-its whole token, and GroupQueryAttention, the small operators and the work outside the run
-add more than the rest: a floor of the runtime's kernels at these sizes, not of the shear
-(whose cost is the fused form's PSA/twin ratio above).
-
-Every row below comes from one run on the machine its header names (the table the Intel Xeon
-@ 2.80GHz measured before is in the page's history). XNNPACK's runner form writes and attends
-its static caches with ExecuTorch's llama kernels (docs/export.md): no cache is copied and a
-step reads only the rows written so far, so it is psa-edge's fastest decode in most psa-30m
-and psa-92m rows, int4's all. XNNPACK's int4 is torchao's group-wise 8da4w: its QD8-F32-QB4W kernels
-prefill 1.15-1.66x as fast as llama.cpp's Q4_0 on psa-30m and psa-92m (explicit-state form),
-where ONNX Runtime's MatMulNBits reach 0.74-0.89 of it. The random checkpoints of the
-int4 builds have their linears snapped to a 4-bit grid each quantizer keeps exactly
-(`tools/common.py`, `snap_to_q4_grid`: Q4_0's for ONNX Runtime and llama.cpp; for XNNPACK the
-same with each block's peak made negative, which HQQ's fit keeps), because random psa-92m's own
-weights lose so much at 4 bits that the exporter's parity gate refuses the build; speed does
-not depend on the values. This VM's speed moves between runs, and not by the same factor for
-every program: on the Intel host, llama.cpp's psa-30m Q4_0 decode was 425 t/s in one full run
-and 775 in another a day later, where the ratio of the fused ONNX form to it went 0.78 and
-0.96. Within a row the two take turns, so a row's ratio is a same-hour comparison; between
-runs, read a ratio to about +-0.2.
-
-{kept_block("docs/benchmarks.md", "llama-cpp")}
-
-## Resident memory
-
-Made by `.venv/bin/python tools/bench_presets.py --memory`. The fused form allocates its
-caches for the whole max length once; the explicit-state form grows them by concatenation, a
-copy each step. With no context the explicit form holds only the -p + -n tokens it has seen
-(256 of 512 by default), and the two are within a few MB either way; when decode runs to the max
-length, the explicit form's copies show and the fused form is the lower. The peak includes
-loading the weights and the context's prefill, the same work for both forms.
-
-{kept_block("docs/benchmarks.md", "memory")}
-""")
+below is measured on its own (`--runner`) and names the commit it ran at.""", "docs/benchmarks.md")
     print(block)
 
 

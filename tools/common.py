@@ -172,16 +172,6 @@ def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str)
     return export_once(ckpt, BENCH / name, target, quant, bool(twin), form, MAX_LEN)
 
 
-def kept_block(page: str, name: str) -> str:
-    """A page's block `<!-- name:begin --> ... <!-- name:end -->` as it is now (empty markers
-    if it has none), for a script that rewrites the page around another tool's block."""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    text = (REPO / page).read_text() if (REPO / page).exists() else ""
-    if begin in text and end in text:
-        return begin + text.split(begin, 1)[1].split(end, 1)[0] + end
-    return f"{begin}\n{end}"
-
-
 def mean_std(values: list[float]) -> str:
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.3f} ± {spread:.3f}"
