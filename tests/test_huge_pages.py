@@ -69,17 +69,11 @@ def collapse_supported() -> bool:
     if sys.platform != "linux":
         return False
     release = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as enabled:
-            off = "[never]" in enabled.read()
-    except OSError:
-        return False
-    return release >= (6, 1) and not off
+    return release >= (6, 1) and huge_pages.thp_setting() in ("always", "madvise")
 
 
 def thp_always() -> bool:
-    with open("/sys/kernel/mm/transparent_hugepage/enabled") as enabled:
-        return "[always]" in enabled.read()
+    return huge_pages.thp_setting() == "always"
 
 
 @pytest.mark.skipif(not collapse_supported(), reason="needs Linux 6.1+ with THP not off")
@@ -118,3 +112,11 @@ def test_collapses_dense_stretches_keeps_bytes_and_leaves_sparse_ones_alone():
     assert (sparse[::huge // 4] == 7).all() and sparse.sum() == 7 * 8
     del dense, sparse
     memory.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+                    reason="the kernel has no transparent huge pages")
+def test_thp_setting_is_the_bracketed_choice():
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as enabled:
+        text = enabled.read()
+    assert f"[{huge_pages.thp_setting()}]" in text and text.count("[") == 1

@@ -1,8 +1,9 @@
 """What the doc-making scripts share: paths, the machine they ran on, the CLI run as a user
 runs it, and the README blocks and pages they write. Every script runs with the project's
-interpreter (`.venv/bin/python tools/NAME.py`) and imports this module from its own folder; the
-only other import between scripts is of `llama_cpp_bench`'s llama.cpp build and GGUF files, by
-the scripts that run llama-bench too (depth_bench, huge_pages_bench --llama-cpp).
+interpreter (`.venv/bin/python tools/NAME.py`) and imports this module from its own folder.
+Two scripts lend pieces to others: `llama_cpp_bench` its llama.cpp build, GGUF files and
+llama-bench run (to depth_bench and huge_pages_bench --llama-cpp), and `shear_chain` its
+per-layer timing of the shear's ops (to bench_presets --runner).
 """
 
 from __future__ import annotations

@@ -20,10 +20,7 @@ where THP is "madvise"), and `-lm none` with glibc advising its allocations MADV
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 
 from common import MAX_LEN, artifact, commit, machine, psa_edge_json, write_block
 
@@ -33,9 +30,9 @@ BUILDS = (("psa-4m", "xnnpack", "int4", "runner"), ("psa-30m", "xnnpack", None, 
 NAMES = {"xnnpack": "ExecuTorch XNNPACK", "onnx": "ONNX Runtime"}
 GGUFS = (("psa-30m", "F32"), ("psa-30m", "Q4_0"), ("psa-92m", "Q4_0"))
 # llama-bench settings: (name, its load-mode arguments, environment added)
-LLAMA_SETTINGS = (("mmap of the GGUF (as shipped)", [], {}),
-                  ("-lm none", ["-lm", "none"], {}),
-                  ("-lm none, glibc.malloc.hugetlb=1", ["-lm", "none"],
+LLAMA_SETTINGS = (("mmap of the GGUF (as shipped)", (), {}),
+                  ("-lm none", ("-lm", "none"), {}),
+                  ("-lm none, glibc.malloc.hugetlb=1", ("-lm", "none"),
                    {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}))
 
 
@@ -69,19 +66,17 @@ def row(preset, target, quant, form, args) -> str:
 def llama_cpp_row(preset: str, kind: str, args) -> str:
     """One GGUF's decode tokens/s in each llama-bench setting: median process (of
     `--processes`, the settings taking turns) and the median's ratio to the first setting's."""
-    from llama_cpp_bench import build_llama_cpp, gguf_builds
+    from llama_cpp_bench import build_llama_cpp, gguf_builds, llama_bench
 
     binaries = build_llama_cpp()
     gguf = gguf_builds(preset, binaries)[kind]
+    decode_only = argparse.Namespace(p=0, n=args.n, r=args.r)
     rates = {name: [] for name, _, _ in LLAMA_SETTINGS}
     for i in range(args.processes):
         settings = LLAMA_SETTINGS if i % 2 == 0 else LLAMA_SETTINGS[::-1]
         for name, load_mode, env in settings:
-            out = subprocess.run([binaries / "llama-bench", "-m", gguf, "-p", "0", "-n",
-                                  str(args.n), "-r", str(args.r), "-t", "1", *load_mode,
-                                  "-o", "json"], check=True, capture_output=True, text=True,
-                                 env={**os.environ, **env}).stdout
-            rates[name].append(json.loads(out)[0]["avg_ts"])
+            rates[name].append(llama_bench(binaries, gguf, 1, decode_only, extra=load_mode,
+                                           env=env)["tg"])
     medians = [statistics.median(rates[name]) for name, _, _ in LLAMA_SETTINGS]
     cells = [f"{m:.0f} ({m / medians[0]:.2f})" for m in medians]
     return f"| {preset} | {kind} | " + " | ".join(cells) + " |"

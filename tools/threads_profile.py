@@ -64,8 +64,7 @@ def child(build: Path, threads: int, seconds: float) -> None:
                if t != main and t in before and after[t][1] - before[t][1] > 0.01 * wall * 1e9]
     print(json.dumps({"us_per_step": 1e6 * decoding / steps,
                       "worker_sleeps_per_step": sum(w[0] for w in workers) / steps,
-                      "worker_cpu_share": sum(w[1] for w in workers) / (wall * 1e9),
-                      "workers": len(workers)}))
+                      "worker_cpu_share": sum(w[1] for w in workers) / (wall * 1e9)}))
 
 
 def measure(build: Path, threads: int, seconds: float) -> dict:
