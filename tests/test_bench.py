@@ -16,7 +16,7 @@ from conftest import MAX_LEN, REPO, assert_umask_modes, cli, copy_artifact, make
 from psa_edge.display import bench_tables
 from psa_edge.errors import ArtifactError, OutputError, SequenceError
 from psa_edge.runtime.bench import (BenchSpec, Runner, decode_in_turns, flops_per_token,
-                                    geomean_ci, run_bench)
+                                    geomean_ci, prepare_bench, run_bench)
 from psa_edge.runtime.bundle import write_bundle
 
 SMALL = BenchSpec(prompt=8, gen=8, reps=1)
@@ -89,6 +89,24 @@ def test_vs_opens_both_artifacts_afresh_every_repetition(artifacts, monkeypatch)
     assert len(p50["per_rep"]) == 3
     low, high = p50["ci95"]
     assert low < p50["geomean"] < high
+
+
+def test_vs_stops_onnx_runtime_pools_spinning_between_calls(artifacts):
+    # Two ONNX Runtime sessions taking turns each spun its idle workers on the core the other
+    # needed (`bench --vs` at 2 threads decoded at half speed): with `vs` every session's pool
+    # stops spinning when a call returns; alone, it spins on for the next call.
+    def spinning_stops(runner) -> list[str]:
+        program = getattr(runner.session, "program", None) or runner.session.graph
+        return program.session.get_session_options().get_session_config_entry(
+            "session.force_spinning_stop")
+
+    for psa, twin in (("onnx", "onnx-twin"), ("fused", "fused-twin")):
+        spec = BenchSpec(prompt=4, gen=4, reps=1, threads=2)
+        assert [spinning_stops(r) for r in prepare_bench(artifacts[psa], spec,
+                                                        artifacts[twin]).runners] == ["1", "1"]
+        alone = prepare_bench(artifacts[psa], spec).runners[0]
+        with pytest.raises(RuntimeError, match="does not have configuration"):  # the default
+            spinning_stops(alone)
 
 
 def test_geomean_interval_against_hand_values_and_coverage():

@@ -11,6 +11,7 @@ runner form, the runner's beside its shear's ops timed alone (`tools/shear_chain
     .venv/bin/python tools/bench_presets.py --memory --threads 1 --rounds 2 \
         --presets psa-4m psa-30m psa-92m
     .venv/bin/python tools/bench_presets.py --runner --threads 1 -r 10 --presets psa-30m psa-92m
+    .venv/bin/python tools/bench_presets.py --fused --threads 2 -r 10 --presets psa-30m psa-92m
 
 Random weights (`common.random_checkpoint`). Each pair runs `bench A --vs B` and `bench B --vs
 A` in `--rounds` processes each; its decode p50 ratio has a 95% interval over every repetition,
@@ -182,8 +183,9 @@ def build_ratios(preset: str, builds, form: str, args) -> list[tuple]:
 
 
 def optimized_ratios(args, form: str) -> None:
-    """docs/benchmarks.md's block of an optimized form (`fused`, `runner`): its builds' PSA /
-    twin decode ratios and an A/A control; the runner's also against its shear's ops alone."""
+    """docs/benchmarks.md's block of an optimized form (`fused`, `runner`; at more than one
+    thread `fused-2-threads` and so on): its builds' PSA / twin decode ratios and an A/A
+    control; the runner's also against its shear's ops alone."""
     p50 = f"tg{args.n}_latency_p50"
     builds = OPTIMIZED[form]
     rows = [row for preset in args.presets for row in build_ratios(preset, builds, form, args)]
@@ -193,7 +195,8 @@ def optimized_ratios(args, form: str) -> None:
     goal = ("Every pair is within the 1.02 goal." if not above else
             "Pairs not shown within 1.02: " + "; ".join(above) + ".")
     floor = "\n\n" + shear_floor(rows, args) if form == "runner" else ""
-    write_block(form, f"{machine()}, commit {commit()}, {args.threads} thread(s), -p {args.p} "
+    block = form if args.threads == 1 else f"{form}-{args.threads}-threads"
+    write_block(block, f"{machine()}, commit {commit()}, {args.threads} thread(s), -p {args.p} "
                 f"-n {args.n}, {2 * args.rounds * args.r} repetitions per pair. {goal} A/A "
                 f"control (the {args.presets[0]} fp32 {form} twin against a copy of itself): p50 "
                 f"ratio {ratio_text(control)}.\n\n" + "\n".join(table) + floor,

@@ -1,7 +1,9 @@
 """The ONNX Runtime backend: `.onnx` graphs on the CPU provider (numpy, no torch).
 
 Contract: both classes build the session from the artifact's checked bytes
-(`io.read_artifact`: what runs is what was hashed); `threads` sizes the intra-op pool. A file
+(`io.read_artifact`: what runs is what was hashed); `threads` sizes the intra-op pool; with
+`takes_turns` (a session that alternates with another in this process: `bench --vs`, a draft
+beside its target) the pool's workers stop spinning when a call returns. A file
 that ONNX Runtime cannot load, or whose I/O is not the one its manifest's config implies, is an
 `ArtifactError` naming its reason.
 - `OnnxGraph(artifact, threads)`: a `base.Graph` over an explicit-state graph.
@@ -27,13 +29,20 @@ from psa_edge.io import Artifact
 
 
 def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
-                      profile_prefix: str | None = None):
+                      profile_prefix: str | None = None, takes_turns: bool = False):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if threads:
         options.intra_op_num_threads = threads
+    if takes_turns:
+        # Each session has its own pool, whose idle workers spin on after a call for the next
+        # one; two sessions taking turns then each spin on the core the other needs (psa-30m's
+        # fused form at 2 threads decoded at half its speed alone: docs/runtime.md). ONNX
+        # Runtime's global pool would be shared, but then every session of the process must
+        # use it, at one thread count.
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     if profile_prefix:  # ONNX Runtime's profiler (`psa-edge bench --profile`)
         options.enable_profiling, options.profile_file_prefix = True, profile_prefix
     held = resident_now()
@@ -56,10 +65,11 @@ class OnnxGraph(Graph):
     backend = "onnxruntime"
 
     def __init__(self, artifact: Artifact, threads: int | None = None,
-                 profile_prefix: str | None = None):
+                 profile_prefix: str | None = None, takes_turns: bool = False):
         super().__init__(GraphIO.from_manifest(artifact.manifest), artifact.manifest,
                          artifact.identity)
-        self.session = inference_session(artifact, threads, self.io, profile_prefix)
+        self.session = inference_session(artifact, threads, self.io, profile_prefix,
+                                         takes_turns)
         self.outputs = list(self.io.output_names)
 
     def run(self, feeds):
@@ -70,10 +80,10 @@ class FusedProgram:
     backend = "onnxruntime"
 
     def __init__(self, artifact: Artifact, threads: int | None = None,
-                 profile_prefix: str | None = None):
+                 profile_prefix: str | None = None, takes_turns: bool = False):
         self.io = io = GraphIO.from_manifest(artifact.manifest)
         self.manifest, self.identity = artifact.manifest, artifact.identity
-        self.session = inference_session(artifact, threads, io, profile_prefix)
+        self.session = inference_session(artifact, threads, io, profile_prefix, takes_turns)
         self.binding = self.session.io_binding()
         self.caches = {key: np.zeros(io.shape(key.split(".")[1], 0), np.float32)
                        for key, _, _ in io.cache_io}

@@ -9,7 +9,9 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   every decoded token; for pp, time to first token (the prefill call) mean;
 - `vs` (the gamma = 0 twin): both artifacts run interleaved in this process, A B then B A
   alternately (the decode steps in turns of about TURN_SECONDS, reported as `turn_tokens`),
-  and each repetition opens both afresh (not timed) and warms them up again.
+  and each repetition opens both afresh (not timed) and warms them up again; ONNX Runtime's
+  pools then stop spinning when a call returns (`open_session(takes_turns=True)`: each side's
+  spinning workers held the core the other needed).
   Per repetition the ratios PSA/twin are taken (prefill time, decode time, median per-token
   latency) and reported with their median, range, geometric mean and its 95% confidence
   interval (Student t over the log ratios). Interleaving puts a noisy machine's drift on both
@@ -126,9 +128,9 @@ def flops_per_token(cfg: dict, context: int) -> dict:
 class Runner:
     """One artifact under test: prefill and decode timers over its session (either form)."""
 
-    def __init__(self, artifact: Path, threads: int | None):
+    def __init__(self, artifact: Path, threads: int | None, takes_turns: bool = False):
         before, huge_before = rss_bytes(), huge_pages.anon_huge_bytes()
-        self.artifact, self.threads = artifact, threads
+        self.artifact, self.threads, self.takes_turns = artifact, threads, takes_turns
         self.open()
         self.manifest = self.session.manifest
         self.load_rss = rss_bytes() - before
@@ -139,7 +141,7 @@ class Runner:
     def open(self) -> None:
         """Open the artifact afresh; the previous session (and its program) is released first."""
         self.session = None
-        self.session = open_session(self.artifact, self.threads)
+        self.session = open_session(self.artifact, self.threads, takes_turns=self.takes_turns)
 
     def warm_up(self, context: np.ndarray, prompt: np.ndarray, gen: np.ndarray) -> float:
         """One prefill and a few decode steps; returns the median seconds per decode step."""
@@ -276,7 +278,8 @@ def prepare_bench(artifact: Path, spec: BenchSpec, vs: Path | None = None) -> Be
         raise SequenceError(f"depth {spec.depth} + max(p {spec.prompt}, n {spec.gen}) must fit "
                             f"the artifact's max length {max_len}, with p, n, r >= 1")
     threads = set_threads(manifests, spec.threads)
-    return Bench(spec, [Runner(p, spec.threads) for p in paths], manifests, threads, bool(vs))
+    return Bench(spec, [Runner(p, spec.threads, takes_turns=bool(vs)) for p in paths], manifests,
+                 threads, bool(vs))
 
 
 def run_bench(artifact: Path, spec: BenchSpec, vs: Path | None = None, progress=None) -> dict:

@@ -325,11 +325,13 @@ class FusedSession(ChunkedSession):
 
 
 def open_session(artifact: str | Path, threads: int | None = None, checked: bool = True,
-                 profile_prefix: str | None = None):
+                 profile_prefix: str | None = None, takes_turns: bool = False):
     """A session on an artifact folder, its backend and kind chosen from its manifest, with the
     artifact's tokenizer as `session.tokenizer`. Bytes this machine has not opened before are
     first opened and self-checked in a child process (`guard.ensure_checked`). ONNX Runtime's
-    profiler writes to `profile_prefix` when one is given."""
+    profiler writes to `profile_prefix` when one is given. `takes_turns`: the session alternates
+    with another of this process (ONNX Runtime's pool then stops spinning after each call;
+    ExecuTorch's threadpool is one per process already)."""
     from psa_edge.runtime.guard import ensure_checked
 
     check_threads(threads)
@@ -340,9 +342,9 @@ def open_session(artifact: str | Path, threads: int | None = None, checked: bool
     if backend == "onnxruntime":
         from psa_edge.backends.onnxruntime import FusedProgram, OnnxGraph
 
-        session = (FusedSession(FusedProgram(opened, threads, profile_prefix))
+        session = (FusedSession(FusedProgram(opened, threads, profile_prefix, takes_turns))
                    if opened.manifest.get("form") == "fused"
-                   else Session(OnnxGraph(opened, threads, profile_prefix)))
+                   else Session(OnnxGraph(opened, threads, profile_prefix, takes_turns)))
     elif backend == "executorch":
         from psa_edge.backends.executorch import PteGraph, RunnerProgram, set_threads
 
