@@ -4,7 +4,8 @@ psa-30m, ONNX Runtime and ExecuTorch XNNPACK, fp32 and int8, PSA (key-only 0.8) 
 gamma = 0 twin, interleaved by `psa-edge bench --vs`; `--exports`: docs/export-sizes.md;
 `--memory`: docs/benchmarks.md's memory block (peak RSS, fused against explicit-state);
 `--fused` / `--runner`: the PSA / twin blocks of ONNX Runtime's fused form and of XNNPACK's
-runner form, the runner's beside its shear's ops timed alone (`tools/shear_chain.py`).
+runner form, the runner's beside its shear's ops timed alone (`tools/shear_chain.py`); at more
+than one thread, their own blocks (`fused-2-threads`, `runner-2-threads`).
 
     .venv/bin/python tools/bench_presets.py --threads 1 -r 20 --rounds 2   # ~50 min on 2 cores
     .venv/bin/python tools/bench_presets.py --exports --presets tiny psa-4m psa-30m

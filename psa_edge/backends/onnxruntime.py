@@ -39,7 +39,7 @@ def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
     if takes_turns:
         # Each session has its own pool, whose idle workers spin on after a call for the next
         # one; two sessions taking turns then each spin on the core the other needs (psa-30m's
-        # fused form at 2 threads decoded at half its speed alone: docs/runtime.md). ONNX
+        # fused form at 2 threads decoded at under half its speed alone: docs/runtime.md). ONNX
         # Runtime's global pool would be shared, but then every session of the process must
         # use it, at one thread count.
         options.add_session_config_entry("session.force_spinning_stop", "1")
