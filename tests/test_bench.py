@@ -93,9 +93,9 @@ def test_vs_opens_both_artifacts_afresh_every_repetition(artifacts, monkeypatch)
 
 def test_vs_stops_onnx_runtime_pools_spinning_between_calls(artifacts):
     # Two ONNX Runtime sessions taking turns each spun its idle workers on the core the other
-    # needed (`bench --vs` at 2 threads decoded at half speed): with `vs` every session's pool
+    # needed (`bench --vs` at 2 threads decoded under half speed): with `vs` each session's pool
     # stops spinning when a call returns; alone, it spins on for the next call.
-    def spinning_stops(runner) -> list[str]:
+    def spinning_stops(runner) -> str:
         program = getattr(runner.session, "program", None) or runner.session.graph
         return program.session.get_session_options().get_session_config_entry(
             "session.force_spinning_stop")

@@ -2,8 +2,8 @@
 
 Contract: both classes build the session from the artifact's checked bytes
 (`io.read_artifact`: what runs is what was hashed); `threads` sizes the intra-op pool; with
-`takes_turns` (a session that alternates with another in this process: `bench --vs`, a draft
-beside its target) the pool's workers stop spinning when a call returns. A file
+`takes_turns` (a session that alternates with another in this process, as `bench --vs`'s two
+do) the pool's workers stop spinning when a call returns. A file
 that ONNX Runtime cannot load, or whose I/O is not the one its manifest's config implies, is an
 `ArtifactError` naming its reason.
 - `OnnxGraph(artifact, threads)`: a `base.Graph` over an explicit-state graph.
