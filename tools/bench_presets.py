@@ -7,7 +7,7 @@ gamma = 0 twin, interleaved by `psa-edge bench --vs`; `--exports`: docs/export-s
 runner form, the runner's beside its shear's ops timed alone (`tools/shear_chain.py`); at more
 than one thread, their own blocks (`fused-2-threads`, `runner-2-threads`).
 
-    .venv/bin/python tools/bench_presets.py --threads 1 -r 20 --rounds 2   # ~50 min on 2 cores
+    .venv/bin/python tools/bench_presets.py --threads 1 -r 20 --rounds 2   # 27-81 min on 2 cores
     .venv/bin/python tools/bench_presets.py --exports --presets tiny psa-4m psa-30m
     .venv/bin/python tools/bench_presets.py --memory --threads 1 --rounds 2 \
         --presets psa-4m psa-30m psa-92m
