@@ -171,8 +171,10 @@ def profile_table(report: dict) -> None:
                   f"profiler's own cost)")
 
 
-def bench_plot(reports: list[dict], path) -> None:
-    """Grouped bars: tokens/s of each test per backend and precision, PSA beside its twin."""
+def bench_plot(reports: list[dict], path, labels: list[str] | None = None) -> None:
+    """Grouped bars: tokens/s of each test per backend and precision, PSA beside its twin. With
+    `labels` (one per report, such as its preset), one row of panels per distinct label, each
+    on its own scale; without, one row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,27 +182,31 @@ def bench_plot(reports: list[dict], path) -> None:
 
     from psa_edge.io import atomic_output
 
-    groups, values = [], {}
-    for report in reports:
+    labels = labels or [""] * len(reports)
+    rows = list(dict.fromkeys(labels))
+    groups, values = {row: [] for row in rows}, {}
+    for report, row in zip(reports, labels):
         spec = report["spec"]
         for r in report["results"]:
             group = f"{r['target']} {r['precision']}"
-            if group not in groups:
-                groups.append(group)
+            if group not in groups[row]:
+                groups[row].append(group)
             side = "twin (gamma 0)" if r["label"] == "twin" else "PSA"
             for test in (f"pp{spec['prompt']}", f"tg{spec['gen']}"):
-                values[(test, side, group)] = (r[test]["tokens_per_second"], r[test]["stddev"])
-    tests = sorted({k[0] for k in values}, key=lambda t: (t[:2] != "pp", t))
-    fig, axes = plt.subplots(1, len(tests), figsize=(5 * len(tests), 3.8))
-    axes = [axes] if len(tests) == 1 else axes
-    for ax, test in zip(axes, tests):
-        for j, side in enumerate(("PSA", "twin (gamma 0)")):
-            xs = [i + (j - 0.5) * 0.38 for i in range(len(groups))]
-            ys = [values.get((test, side, g), (0, 0)) for g in groups]
-            ax.bar(xs, [y[0] for y in ys], 0.38, yerr=[y[1] for y in ys], label=side)
-        ax.set_xticks(range(len(groups)), groups, rotation=20, fontsize=8)
-        ax.set(title=test, ylabel="tokens/s")
-        ax.legend(fontsize=8)
+                values[(row, test, side, group)] = (r[test]["tokens_per_second"],
+                                                    r[test]["stddev"])
+    tests = sorted({k[1] for k in values}, key=lambda t: (t[:2] != "pp", t))
+    fig, axes = plt.subplots(len(rows), len(tests), figsize=(5 * len(tests), 3.8 * len(rows)),
+                             squeeze=False)
+    for row, row_axes in zip(rows, axes):
+        for ax, test in zip(row_axes, tests):
+            for j, side in enumerate(("PSA", "twin (gamma 0)")):
+                xs = [i + (j - 0.5) * 0.38 for i in range(len(groups[row]))]
+                ys = [values.get((row, test, side, g), (0, 0)) for g in groups[row]]
+                ax.bar(xs, [y[0] for y in ys], 0.38, yerr=[y[1] for y in ys], label=side)
+            ax.set_xticks(range(len(groups[row])), groups[row], rotation=20, fontsize=8)
+            ax.set(title=f"{row} {test}".strip(), ylabel="tokens/s")
+            ax.legend(fontsize=8)
     fig.tight_layout()
     with atomic_output(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import MAX_LEN, REPO, assert_umask_modes, cli, copy_artifact, make_model
-from psa_edge.display import bench_tables
+from psa_edge.display import bench_plot, bench_tables
 from psa_edge.errors import ArtifactError, OutputError, SequenceError
 from psa_edge.runtime.bench import (BenchSpec, Runner, decode_in_turns, flops_per_token,
                                     geomean_ci, prepare_bench, run_bench)
@@ -107,6 +107,26 @@ def test_vs_stops_onnx_runtime_pools_spinning_between_calls(artifacts):
         alone = prepare_bench(artifacts[psa], spec).runners[0]
         with pytest.raises(RuntimeError, match="does not have configuration"):  # the default
             spinning_stops(alone)
+
+
+def test_plot_gives_each_label_its_own_row(tmp_path):
+    # Two presets share backend and precision: unlabelled, the second one's bars replaced the
+    # first's in one row; with labels each preset has its row of panels (3.8 inches at 100 dpi).
+    import struct
+
+    def report(rate: float) -> dict:
+        result = {"target": "onnx", "precision": "fp32", "label": "artifact",
+                  **{t: {"tokens_per_second": rate, "stddev": 1.0} for t in ("pp4", "tg4")}}
+        return {"spec": {"prompt": 4, "gen": 4}, "results": [result]}
+
+    def size(path) -> tuple[int, int]:  # a PNG's IHDR: width and height, big-endian
+        return struct.unpack(">II", path.read_bytes()[16:24])
+
+    reports = [report(100.0), report(10.0)]
+    bench_plot(reports, tmp_path / "one.png")
+    bench_plot(reports, tmp_path / "rows.png", ["psa-4m", "psa-30m"])
+    assert size(tmp_path / "one.png") == (1000, 380)
+    assert size(tmp_path / "rows.png") == (1000, 760)
 
 
 def test_geomean_interval_against_hand_values_and_coverage():

@@ -136,7 +136,7 @@ def write(rows, runner, controls, peak, args, wall) -> None:
     goal = ("Every pair is within the 1.02 goal." if not above else
             "Pairs not shown within 1.02: " + "; ".join(above) + ".")
     bench_plot([r[3] for r in rows], Path(__file__).resolve().parent.parent / "docs"
-               / "benchmarks.png")
+               / "benchmarks.png", [r[0] for r in rows])
     (BENCH / "results.json").write_text(json.dumps(
         {"rows": [r[3] for r in rows], "p50_ratios": [r[4] for r in rows], "runner": runner,
          "aa_control": controls, "gemm_peak_gflops": peak}, indent=1, default=float))
