@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import BENCH, MAX_LEN, artifact, commit, machine, psa_edge_json, \
+from common import BENCH, MAX_LEN, artifact, commit, machine, page_with_block, psa_edge_json, \
     random_checkpoint, write_block, write_doc
 
 from psa_edge.runtime.bench import geomean_ci
@@ -188,6 +188,8 @@ def optimized_ratios(args, form: str) -> None:
     thread `fused-2-threads` and so on): its builds' PSA / twin decode ratios and an A/A
     control; the runner's also against its shear's ops alone."""
     p50 = f"tg{args.n}_latency_p50"
+    block = form if args.threads == 1 else f"{form}-{args.threads}-threads"
+    page_with_block(block, "docs/benchmarks.md")  # before measuring, not after
     builds = OPTIMIZED[form]
     rows = [row for preset in args.presets for row in build_ratios(preset, builds, form, args)]
     twin = artifact(args.presets[0], builds[0][0], None, True, form)
@@ -196,7 +198,6 @@ def optimized_ratios(args, form: str) -> None:
     goal = ("Every pair is within the 1.02 goal." if not above else
             "Pairs not shown within 1.02: " + "; ".join(above) + ".")
     floor = "\n\n" + shear_floor(rows, args) if form == "runner" else ""
-    block = form if args.threads == 1 else f"{form}-{args.threads}-threads"
     write_block(block, f"{machine()}, commit {commit()}, {args.threads} thread(s), -p {args.p} "
                 f"-n {args.n}, {2 * args.rounds * args.r} repetitions per pair. {goal} A/A "
                 f"control (the {args.presets[0]} fp32 {form} twin against a copy of itself): p50 "

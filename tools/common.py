@@ -108,15 +108,22 @@ def random_checkpoint(preset: str, path: Path, vocab_task: bool = True,
     return path
 
 
+def page_with_block(name: str, page: str = "README.md") -> tuple[str, str, str]:
+    """A page's text and the markers of its block `name`; exits with one line if it has none
+    (call it before a long measurement whose result goes there)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = (REPO / page).read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{page} has no {begin} ... {end} block")
+    return text, begin, end
+
+
 def write_block(name: str, text: str, page: str = "README.md") -> None:
     """Replace the block between `<!-- name:begin -->` and `<!-- name:end -->` of a page (the
     README, or one under docs/; atomically; the markers must be there)."""
     from psa_edge.io import write_text
 
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    readme = (REPO / page).read_text()
-    if begin not in readme or end not in readme:
-        raise SystemExit(f"{page} has no {begin} ... {end} block")
+    readme, begin, end = page_with_block(name, page)
     head, rest = readme.split(begin, 1)
     write_text(REPO / page, head + begin + "\n" + text.rstrip("\n") + "\n" + end
                + rest.split(end, 1)[1])
