@@ -17,6 +17,10 @@ Forms:
   `[1, max_seq_len, Hkv, dh]` key and value cache per layer, and per sheared stream a ring of
   the raw keys (queries) of the last `window` positions, from which the program takes the
   previous-key slot of whatever position it is asked to continue from.
+- `fused`: `(input_ids [1, S], input_pos [1], logits_to_keep [1], *past) -> (logits
+  [1, R, V], *present, *raw)`: static caches `[1, Hkv, max_seq_len, dh]`, slots and raw
+  streams `[1, S or 1, heads dh]` (`shape`); the logits of the last R = logits_to_keep rows
+  only (0: all S), as Hugging Face's `logits_to_keep`.
 """
 
 from __future__ import annotations
@@ -212,7 +216,7 @@ class GraphIO:
     def input_names(self) -> tuple[str, ...]:
         if self.form == "runner":
             return ("tokens", "input_pos")
-        position = ("input_pos",) if self.form == "fused" else ()
+        position = ("input_pos", "logits_to_keep") if self.form == "fused" else ()
         return ("input_ids",) + position + tuple(name for _, name in self.state_io)
 
     @cached_property
@@ -305,7 +309,8 @@ class GraphIO:
         int64, float32 = 7, 1  # onnx.TensorProto.INT64, FLOAT
         state = [(name, float32, list(self.shape(key.split(".")[1], 1)))
                  for key, name in self.state_io]
-        return [("input_ids", int64, [1, "seq_len"]), ("input_pos", int64, [1])] + state
+        return [("input_ids", int64, [1, "seq_len"]), ("input_pos", int64, [1]),
+                ("logits_to_keep", int64, [1])] + state
 
     def typed_outputs(self) -> list[tuple[str, list]]:
         """(name, shape with dim names) of the fused form's (float) outputs."""
@@ -313,7 +318,7 @@ class GraphIO:
                   for key, _, name in self.cache_io]
         raw = [(name, [1, "seq_len", self.heads(stream) * self.head_dim])
                for stream, name in self.raw_io]
-        return [("logits", [1, "seq_len", self.vocab_size])] + caches + raw
+        return [("logits", [1, "logit_rows", self.vocab_size])] + caches + raw
 
     def patterns(self) -> tuple[list[tuple], list[tuple]]:
         """The shape of every input and output, None where a dim is dynamic (chunk or past

@@ -146,6 +146,47 @@ def test_fused_form_writes_its_static_caches_in_place(artifacts, checkpoints):
                   - reference_session.state["1.key"]).max() <= 1e-4
 
 
+@pytest.mark.parametrize("name", BACKENDS)
+def test_last_only_feed_gives_the_last_positions_logits(artifacts, checkpoints, name):
+    """A prefill's `feed(last_only=True)`: the last position's logits `[1, V]`, the reference's;
+    the state after it is the same (the next chunk's logits are the reference's). A rollback
+    into that chunk leaves `last_logits` None in the fused form, whose graph computed no other
+    row; the other forms computed and kept them."""
+    tokens = np.random.default_rng(5).integers(0, 64, size=16)
+    expected = reference(checkpoints, name, tokens)
+    session = open_session(artifacts[name])
+    last = session.feed(tokens[:12], last_only=True)
+    assert last.shape == (1, 64)
+    assert np.abs(last[0] - expected[11]).max() <= scale_tol(expected)
+    assert np.abs(session.last_logits - expected[11]).max() <= scale_tol(expected)
+    assert np.abs(session.feed(tokens[12:]) - expected[12:]).max() <= scale_tol(expected)
+    session.rollback(6)
+    if name == "fused":
+        assert session.last_logits is None
+    else:
+        assert np.abs(session.last_logits - expected[5]).max() <= scale_tol(expected)
+    assert np.abs(session.feed(tokens[6:]) - expected[6:]).max() <= scale_tol(expected)
+
+
+def test_fused_graph_keeps_the_logits_of_the_last_rows_asked(artifacts):
+    """The fused graph's `logits_to_keep` input, as Hugging Face's: the last R rows, all of
+    them at 0 or past S."""
+    import onnxruntime as ort
+
+    session = open_session(artifacts["fused"])
+    graph = ort.InferenceSession(str(artifacts["fused"] / "model.onnx"),
+                                 providers=["CPUExecutionProvider"])
+    tokens = np.random.default_rng(6).integers(0, 64, size=(1, 7))
+    all_rows = session.feed(tokens[0])
+    feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32)
+             for i in graph.get_inputs()}
+    feeds.update(input_ids=tokens, input_pos=np.array([0]))
+    for keep, rows in ((0, 7), (1, 1), (3, 3), (7, 7), (50, 7)):
+        logits = graph.run(["logits"], {**feeds, "logits_to_keep": np.array([keep])})[0][0]
+        assert logits.shape == (rows, 64)
+        assert np.abs(logits - all_rows[7 - rows:]).max() <= 1e-5
+
+
 def test_rollback_reaches_back_over_single_token_chunks(artifacts):
     """What a draft session needs: several one-token calls, then back to an earlier point."""
     session, clean = open_session(artifacts["onnx"]), open_session(artifacts["onnx"])

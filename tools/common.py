@@ -2,8 +2,8 @@
 runs it, and the README blocks and pages they write. Every script runs with the project's
 interpreter (`.venv/bin/python tools/NAME.py`) and imports this module from its own folder.
 Two scripts lend pieces to others: `llama_cpp_bench` its llama.cpp build, GGUF files and
-llama-bench run (to depth_bench and huge_pages_bench --llama-cpp), and `shear_chain` its
-per-layer timing of the shear's ops (to bench_presets --runner).
+llama-bench run (to depth_bench, huge_pages_bench --llama-cpp and last_logits_bench), and
+`shear_chain` its per-layer timing of the shear's ops (to bench_presets --runner).
 """
 
 from __future__ import annotations

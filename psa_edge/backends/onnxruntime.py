@@ -11,7 +11,8 @@ that ONNX Runtime cannot load, or whose I/O is not the one its manifest's config
 - `FusedProgram(artifact, threads)`: a fused-form graph (docs/spec.md §4) bound once to its
   static caches, numpy arrays it owns (`caches`), each bound as both the past input and the
   present output, so GroupQueryAttention writes a chunk's rows in place and no call copies a
-  cache. `run(tokens, position)` returns the chunk's logits `[S, V]` and raw streams
+  cache. `run(tokens, position, last_only)` returns the chunk's logits `[S, V]` (with
+  `last_only`, `[1, V]`: the graph computes the last row's alone) and raw streams
   (`"{layer}.{stream}"` -> `[1, S, heads dh]`) and copies the last raw rows into the slots the
   next call reads; `set_slots` replaces them (rollback, restore). A one-token call reads and
   writes arrays bound once, so a decode step allocates nothing but its returned copies.
@@ -100,6 +101,7 @@ class FusedProgram:
         # A one-token call's inputs and outputs: arrays bound once, rebound after a chunk call.
         self.step = {"input_ids": np.zeros((1, 1), np.int64),
                      "input_pos": np.zeros(1, np.int64),
+                     "logits_to_keep": np.zeros(1, np.int64),
                      "logits": np.zeros((1, 1, io.vocab_size), np.float32)}
         self.step.update((name, np.zeros(io.shape(stream.split(".")[1], 1), np.float32))
                          for stream, name in io.raw_io)
@@ -119,12 +121,13 @@ class FusedProgram:
         for key, value in slots.items():
             np.copyto(self.slots[f"past_key_values.{key}"], value)
 
-    def run(self, tokens: np.ndarray, position: int) -> tuple[np.ndarray, State]:
+    def run(self, tokens: np.ndarray, position: int, last_only: bool = False
+            ) -> tuple[np.ndarray, State]:
         io, binding = self.io, self.binding
         if tokens.size == 1:
             if not self.step_bound:
                 for name, array in self.step.items():
-                    self.bind(name, array, output=not name.startswith("input"))
+                    self.bind(name, array, output=name not in io.input_names)
                 self.step_bound = True
             self.step["input_ids"][0, 0], self.step["input_pos"][0] = tokens[0], position
             self.session.run_with_iobinding(binding)
@@ -134,6 +137,7 @@ class FusedProgram:
             self.step_bound = False  # shapes depend on S: inputs by copy, outputs allocated
             binding.bind_cpu_input("input_ids", tokens.reshape(1, -1))
             binding.bind_cpu_input("input_pos", np.array([position], np.int64))
+            binding.bind_cpu_input("logits_to_keep", np.array([int(last_only)], np.int64))
             for name in ["logits"] + [name for _, name in io.raw_io]:
                 binding.bind_output(name)
             self.session.run_with_iobinding(binding)

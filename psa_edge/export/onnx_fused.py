@@ -4,10 +4,11 @@ ops with static, in-place KV caches (docs/spec.md §4). Built from the model's w
 
 Contract (`build(model, max_len) -> ModelProto`, names and shapes from `contract.GraphIO`):
 - inputs `input_ids [1, S]` int64, `input_pos [1]` int64 (the position P of the first token),
+  `logits_to_keep [1]` int64 (R: the logits of the last R rows only; 0 for all S),
   per layer i `past_key_values.{i}.key / .value` `[1, Hkv, max_len, dh]` (static) and the slots
   `past_key_values.{i}.prev_key [1, 1, Hkv dh]` (`.prev_query [1, 1, H dh]`) where that gamma
   is non-zero: the raw post-RoPE key (query) of position P - 1, zeros at P = 0;
-- outputs `logits [1, S, V]`, `present.{i}.key / .value` (the same static shape: a runtime
+- outputs `logits [1, R, V]` (`[1, S, V]` at R = 0 or R >= S), `present.{i}.key / .value` (the same static shape: a runtime
   binds each to its past buffer, and GroupQueryAttention then writes the chunk's rows in place),
   and per sheared stream and layer `present.{i}.raw_key [1, S, Hkv dh]` (`.raw_query`): the
   chunk's raw streams, whose last row is the next slot.
@@ -125,6 +126,14 @@ def positions(g: GraphWriter) -> None:
     g.op("Squeeze", [total32, "zero_1d"], ["total_len"])
 
 
+def logit_rows(g: GraphWriter) -> tuple[str, str]:
+    """Slice bounds of the rows whose logits are computed: the last `logits_to_keep` (0: from
+    row 0, so all; past S, Slice clamps to all). A prefill needs only its last row; the output
+    projection of the others is 35% of psa-4m's weight arithmetic (docs/benchmarks.md)."""
+    (start,) = g.op("Neg", ["logits_to_keep"])
+    return start, g.const("end_1d", np.array([np.iinfo(np.int64).max], np.int64))
+
+
 def norm(g: GraphWriter, x: str, residual: str | None, weight: np.ndarray, name: str,
          eps: float) -> tuple[str, str]:
     """(RMSNorm(x + residual), x + residual); the first layer's input has no residual."""
@@ -160,8 +169,9 @@ def build(model, max_len: int) -> onnx.ModelProto:
         x = mlp(g, w, cfg, i, normed)
     normed, _ = norm(g, x, residual, w["model.norm.weight"], "model.norm.weight",
                      cfg.rms_norm_eps)
+    (kept,) = g.op("Slice", [normed, *logit_rows(g), "one_1d"])
     lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
-    g.op("MatMul", [normed, g.const("lm_head.weight_t", np.ascontiguousarray(lm_head))],
+    g.op("MatMul", [kept, g.const("lm_head.weight_t", np.ascontiguousarray(lm_head))],
          ["logits"])
     inputs = [helper.make_tensor_value_info(name, dtype, shape)
               for name, dtype, shape in io.typed_inputs()]

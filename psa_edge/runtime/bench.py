@@ -151,12 +151,12 @@ class Runner:
     def start(self, context: np.ndarray) -> None:
         self.session.reset()
         if context.size:
-            self.session.feed(context)
+            self.session.feed(context, last_only=True)
 
     def prefill(self, context: np.ndarray, prompt: np.ndarray) -> float:
         self.start(context)
         started = time.perf_counter()
-        self.session.feed(prompt)
+        self.session.feed(prompt, last_only=True)
         return time.perf_counter() - started
 
     def steps(self, tokens: np.ndarray, position: int, first: int, stop: int) -> list[float]:

@@ -145,7 +145,7 @@ def generate(session: Session, prompt, max_new_tokens: int, sampling: Sampling =
     rng = np.random.default_rng(sampling.seed)
     session.reset()
     started = time.perf_counter()
-    session.feed(prompt)
+    session.feed(prompt, last_only=True)
     result = Generation([], "max_tokens", int(prompt.size), graph_calls=1)
     result.prefill_seconds = time.perf_counter() - started
     while True:

@@ -2,11 +2,14 @@
 
 Contract: a session owns one sequence on one artifact: the token ids processed so far, the
 logits of the last position, and the state behind them.
-- `feed(tokens)` is one graph call over a chunk `[S]` and returns its logits `[S, V]`. A token
-  id outside the vocabulary or a chunk past the artifact's max length raises `SequenceError`
-  before anything runs; the state is then untouched and the session still usable.
+- `feed(tokens)` is one graph call over a chunk `[S]` and returns its logits `[S, V]`; with
+  `last_only`, those of its last position `[1, V]` (a prefill's: the fused form then computes
+  no other row, the other forms compute all S and keep them). A token id outside the
+  vocabulary or a chunk past the artifact's max length raises `SequenceError` before anything
+  runs; the state is then untouched and the session still usable.
 - `rollback(length)` returns to any position from `rollback_floor` on without replaying
-  anything; this is the step after a speculative verify.
+  anything; this is the step after a speculative verify. `last_logits` is then None where the
+  logits of position length - 1 were not computed or are no longer kept (feed it again).
 - `snapshot()` / `restore(snapshot)`: prefix reuse. A snapshot of another artifact is refused.
 - `sizes()` reports the KV-cache bytes and what PSA adds beside them (constant in length).
 Two kinds, chosen by the artifact's form (`open_session`):
@@ -50,7 +53,8 @@ class Snapshot:
 class Chunk:
     """What `rollback` needs of one graph call."""
     start: int
-    logits: np.ndarray
+    logits: np.ndarray  # of positions logits_from .. start + S - 1
+    logits_from: int
     raw: State
     slots_before: object  # the slots before it (fused form: where they come from)
     last_logits_before: np.ndarray | None
@@ -118,7 +122,9 @@ class ChunkedSession(BaseSession):
 
     def record(self, tokens: np.ndarray, logits: np.ndarray, raw: State, slots_before) -> None:
         """Keep a fed chunk and advance the sequence over it."""
-        self._chunks.append(Chunk(self.length, logits, raw, slots_before, self.last_logits))
+        logits_from = self.length + tokens.size - len(logits)
+        self._chunks.append(Chunk(self.length, logits, logits_from, raw, slots_before,
+                                  self.last_logits))
         while len(self._chunks) > 1 and self.length + tokens.size - self._chunks[1].start \
                 >= ROLLBACK_WINDOW:
             del self._chunks[0]
@@ -133,7 +139,9 @@ class ChunkedSession(BaseSession):
         chunk = self._chunks[-1]
         keep = length - chunk.start
         del self.tokens[length:]
-        self.last_logits = chunk.logits[keep - 1] if keep else chunk.last_logits_before
+        row = length - 1 - chunk.logits_from
+        self.last_logits = (chunk.last_logits_before if keep == 0 else
+                            chunk.logits[row] if row >= 0 else None)
         if keep == 0:
             self._chunks.pop()
         return chunk, keep
@@ -150,12 +158,12 @@ class Session(ChunkedSession):
         super().reset()
         self.state: State = self.io.empty_state()
 
-    def feed(self, tokens) -> np.ndarray:
+    def feed(self, tokens, last_only: bool = False) -> np.ndarray:
         tokens = self.check(tokens)
         logits, state, raw = self.graph.step(tokens, self.state)
         self.record(tokens, logits, raw, {k: self.state[k] for k in self.io.slot_keys})
         self.state = state
-        return logits
+        return logits[-1:] if last_only else logits
 
     def rollback(self, length: int) -> None:
         if not self.check_rollback(length):
@@ -215,7 +223,7 @@ class RunnerSession(BaseSession):
             floor += 1
         return floor
 
-    def feed(self, tokens) -> np.ndarray:
+    def feed(self, tokens, last_only: bool = False) -> np.ndarray:
         tokens = self.check(tokens)
         start = self.length
         if start == 0:
@@ -231,7 +239,7 @@ class RunnerSession(BaseSession):
         for position in [p for p in self._logits if p < oldest]:
             del self._logits[position]
         self.last_logits = logits[-1]
-        return logits
+        return logits[-1:] if last_only else logits
 
     def rollback(self, length: int) -> None:
         if not self.check_rollback(length):
@@ -286,9 +294,9 @@ class FusedSession(ChunkedSession):
                     for key in self.io.slot_keys}
         return dict(state) if row is None else slots_from(state, self.io, row)
 
-    def feed(self, tokens) -> np.ndarray:
+    def feed(self, tokens, last_only: bool = False) -> np.ndarray:
         tokens = self.check(tokens)
-        logits, raw = self.program.run(tokens, self.length)
+        logits, raw = self.program.run(tokens, self.length, last_only)
         self.record(tokens, logits, raw, self._slot_source)
         self._slot_source = (raw, -1)
         return logits

@@ -47,7 +47,7 @@ def sync(session: Session, context: list[int]) -> None:
     elif common < session.length:
         session.rollback(common)
     if session.length < len(context) - 1:
-        session.feed(context[session.length:-1])
+        session.feed(context[session.length:-1], last_only=True)
 
 
 class SessionDrafter:
@@ -133,7 +133,7 @@ def speculative_generate(target: Session, drafter, prompt, max_new_tokens: int,
     target.reset()
     started = time.perf_counter()
     if prompt.size > 1:
-        target.feed(prompt[:-1])
+        target.feed(prompt[:-1], last_only=True)
     context = [int(t) for t in prompt]
     result = Generation([], "max_tokens", int(prompt.size), graph_calls=int(prompt.size > 1))
     result.prefill_seconds = time.perf_counter() - started
