@@ -8,15 +8,17 @@ Contract (`build(model, max_len) -> ModelProto`, names and shapes from `contract
   per layer i `past_key_values.{i}.key / .value` `[1, Hkv, max_len, dh]` (static) and the slots
   `past_key_values.{i}.prev_key [1, 1, Hkv dh]` (`.prev_query [1, 1, H dh]`) where that gamma
   is non-zero: the raw post-RoPE key (query) of position P - 1, zeros at P = 0;
-- outputs `logits [1, R, V]` (`[1, S, V]` at R = 0 or R >= S), `present.{i}.key / .value` (the same static shape: a runtime
-  binds each to its past buffer, and GroupQueryAttention then writes the chunk's rows in place),
-  and per sheared stream and layer `present.{i}.raw_key [1, S, Hkv dh]` (`.raw_query`): the
-  chunk's raw streams, whose last row is the next slot.
+- outputs `logits [1, R, V]` (`[1, S, V]` at R = 0 or R >= S), `present.{i}.key / .value`
+  (the same static shape: a runtime binds each to its past buffer, and GroupQueryAttention then
+  writes the chunk's rows in place), and per sheared stream and layer `present.{i}.raw_key
+  [1, S, Hkv dh]` (`.raw_query`): the chunk's raw streams, whose last row is the next slot.
 - Per layer: SkipSimplifiedLayerNormalization (the residual add and RMSNorm in one op), one
   MatMul for q, k and v together, RotaryEmbedding (rotate-half) on q and k, the shear as
   Sub, Mul, Add after RoPE (the shifted stream is Concat(slot, x)[:S]), GroupQueryAttention
   (no rotary inside; causal over the first P + S rows of the cache), the output MatMul, the
-  SwiGLU MLP with gate and up in one MatMul. The weight MatMuls are what `quantize` replaces.
+  SwiGLU MLP with gate and up in one MatMul. Then the final norm, a Slice of the rows whose
+  logits are asked for, and the output projection. The weight MatMuls are what `quantize`
+  replaces.
 """
 
 from __future__ import annotations
