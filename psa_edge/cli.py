@@ -379,8 +379,9 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", min=1, max=THREADS_MAX,
                                           help="Backend threads."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of tokens/s."),
-    profile: bool = typer.Option(False, "--profile", help="ONNX Runtime: where a decoded "
-                                 "token's time goes (-p context, -n tokens), per operator."),
+    profile: bool = typer.Option(False, "--profile", help="ONNX Runtime: where the time of a "
+                                 "prefill (-p tokens, -r times) and of a decoded token (-n "
+                                 "after it) goes, per operator."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table."),
 ) -> None:
@@ -391,9 +392,9 @@ def bench(
 
     if profile:
         from psa_edge.display import profile_table
-        from psa_edge.runtime.profile import profile_decode
+        from psa_edge.runtime.profile import profile_tokens
 
-        report = profile_decode(artifact, BenchSpec(prompt, gen, 1, 0, threads))
+        report = profile_tokens(artifact, BenchSpec(prompt, gen, reps, 0, threads))
         typer.echo(dumps(report)) if as_json else profile_table(report)
         return
 

@@ -155,20 +155,26 @@ def bench_tables(report: dict, markdown: bool = False) -> None:
 
 
 def profile_table(report: dict) -> None:
-    """`bench --profile`: microseconds per decoded token, per operator type, and outside."""
+    """`bench --profile`: microseconds per prefill and per decoded token, per operator type,
+    and outside ONNX Runtime's run."""
     console = make_console()
-    table = Table("operator", "us / token", "share of the ORT run",
-                  title=f"psa-edge bench --profile: {report['artifact']} ({report['form']}, "
-                        f"{report['precision']}), {report['decode_tokens']} tokens after "
-                        f"{report['context']}")
-    run = report["ort_run_us_per_token"]
-    for op, us in report["kernel_us_per_token"].items():
-        table.add_row(op, f"{us:.1f}", f"{100 * us / run:.1f}%")
-    console.print(table)
-    console.print(f"per token: feed {report['wall_us_per_token']:.0f} us = ONNX Runtime run "
-                  f"{run:.0f} us + outside it {report['outside_ort_us_per_token']:.0f} us; "
-                  f"{report['nodes_per_token']:.0f} nodes (kernel times include the "
-                  f"profiler's own cost)")
+    prefill = report["prefill"]
+    for item, unit, times, title in (
+            ("prefill", "us / prefill", prefill,
+             f"a {prefill['tokens']}-token prefill, mean of {prefill['repetitions']}"),
+            ("token", "us / token", report,
+             f"{report['decode_tokens']} tokens after {report['context']}")):
+        table = Table("operator", unit, "share of the ORT run",
+                      title=f"psa-edge bench --profile: {report['artifact']} ({report['form']}, "
+                            f"{report['precision']}), {title}")
+        run = times[f"ort_run_us_per_{item}"]
+        for op, us in times[f"kernel_us_per_{item}"].items():
+            table.add_row(op, f"{us:.1f}", f"{100 * us / run:.1f}%")
+        console.print(table)
+        console.print(f"per {item}: feed {times[f'wall_us_per_{item}']:.0f} us = ONNX Runtime "
+                      f"run {run:.0f} us + outside it {times[f'outside_ort_us_per_{item}']:.0f} "
+                      f"us; {times[f'nodes_per_{item}']:.0f} nodes (kernel times include the "
+                      f"profiler's own cost)")
 
 
 def bench_plot(reports: list[dict], path, labels: list[str] | None = None) -> None:

@@ -483,19 +483,26 @@ def test_threads_size_the_executorch_threadpool(artifacts):
         set_threads(before)
 
 
-def test_bench_profile_splits_a_decoded_tokens_time(artifacts):
-    """`bench --profile` on ONNX Runtime: the kernel time per operator of the fused form's
-    decode steps fits inside the run, and the run inside the wall time; a .pte is refused."""
+def test_bench_profile_splits_a_prefills_and_a_decoded_tokens_time(artifacts):
+    """`bench --profile` on ONNX Runtime, both graph forms: per prefill and per decoded token,
+    the kernel time per operator fits inside the run and the run inside the wall time, and
+    every node runs once per feed; a .pte is refused."""
     import json
 
-    result = cli("bench", artifacts["fused"], "--profile", "-p", "8", "-n", "16", "--json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    kernels = report["kernel_us_per_token"]
-    assert {"GroupQueryAttention", "RotaryEmbedding", "Sub"} <= set(kernels)
-    assert 0 < sum(kernels.values()) <= report["ort_run_us_per_token"] \
-        <= report["wall_us_per_token"]
-    assert report["decode_tokens"] == 16 and report["nodes_per_token"] > 10
+    for name, fused_ops in (("fused", {"GroupQueryAttention", "RotaryEmbedding"}),
+                            ("onnx", set())):
+        result = cli("bench", artifacts[name], "--profile", "-p", "8", "-n", "16", "-r", "3",
+                     "--json")
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        prefill = report["prefill"]
+        assert (prefill["tokens"], prefill["repetitions"], report["decode_tokens"]) == (8, 3, 16)
+        for item, times in (("token", report), ("prefill", prefill)):
+            kernels = times[f"kernel_us_per_{item}"]
+            assert {"Sub", "Mul"} | fused_ops <= set(kernels)  # the shear's, at least
+            assert 0 < sum(kernels.values()) <= times[f"ort_run_us_per_{item}"] \
+                <= times[f"wall_us_per_{item}"]
+            assert times[f"nodes_per_{item}"] == report["nodes_per_token"] > 10
     result = cli("bench", artifacts["xnnpack"], "--profile", "-p", "8", "-n", "8")
     assert result.returncode == 2 and "ONNX Runtime's profiler" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

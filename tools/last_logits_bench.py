@@ -10,7 +10,10 @@ key-only 0.8; llama.cpp built once, outside the repository). Per round and case,
 (-p, -r) runs, then one session of the fused build prefills the same number of tokens both ways,
 taking turns (the order flipped every repetition), -r times each after one warm-up of each. The
 table reports medians over rounds of each round's median; speed-up is the all-rows time over the
-last-row time.
+last-row time. A second table splits a last-row prefill at 1 thread by ONNX Runtime's profiler
+(`psa-edge bench --profile`, -r prefills, each round after the timed ones) and sets its weight
+MatMul kernels' time against the same round's llama.cpp prefill: at or near 1, those kernels
+alone leave the form no way to match it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
-from common import artifact, commit, machine, page_with_block, write_block
-from llama_cpp_bench import FOLDER, PRECISIONS, build_llama_cpp, gguf_builds, llama_bench
+from common import artifact, commit, machine, page_with_block, psa_edge_json, write_block
+from llama_cpp_bench import (FOLDER, LINEAR_OPS, PRECISIONS, build_llama_cpp, gguf_builds,
+                             llama_bench)
 
 from psa_edge.runtime.session import open_session
 
@@ -64,6 +68,9 @@ def measure(args) -> list[dict]:
         for preset, precision, kind, threads, gguf_path, build in cases:
             llama = llama_bench(binaries, gguf_path, threads, llama_args)
             ours = prefill_seconds(build, threads, args.p, args.r)
+            if threads == 1:
+                ours["profile"] = psa_edge_json("bench", build, "--profile", "-p", args.p,
+                                                "-n", 1, "-r", args.r, "--threads", 1)["prefill"]
             rounds.append({"preset": preset, "precision": precision, "kind": kind,
                            "threads": threads, "llama_pp": llama["pp"],
                            "llama_build": llama["build"], **ours})
@@ -87,6 +94,34 @@ def table(rounds: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def profiles(rounds: list[dict], args) -> str:
+    """Where a last-row prefill's time goes at 1 thread (`psa-edge bench --profile`, whose
+    profiler adds its own cost to every node), beside llama.cpp's whole prefill, in ms: medians
+    over rounds, the last column of each round's ratio."""
+    lines = [f"| preset | precision | llama.cpp pp{args.p} | psa-edge prefill, last row: "
+             f"unprofiled / profiled | weight MatMuls | GroupQueryAttention | other operators "
+             f"| outside ONNX Runtime | weight MatMuls / llama.cpp |", "|" + "---|" * 9]
+    cases = dict.fromkeys((r["preset"], r["precision"], r["kind"]) for r in rounds
+                          if r["threads"] == 1)
+    for preset, precision, kind in cases:
+        parts = []
+        for r in rounds:
+            if (r["preset"], r["precision"], r["threads"]) != (preset, precision, 1):
+                continue
+            ops = r["profile"]["kernel_us_per_prefill"]
+            weights = sum(ops.get(op, 0) for op in LINEAR_OPS) / 1e3
+            attention = ops.get("GroupQueryAttention", 0) / 1e3
+            llama = 1e3 * args.p / r["llama_pp"]
+            parts.append((llama, 1e3 * r["last"], r["profile"]["wall_us_per_prefill"] / 1e3,
+                          weights, attention, sum(ops.values()) / 1e3 - weights - attention,
+                          r["profile"]["outside_ort_us_per_prefill"] / 1e3, weights / llama))
+        medians = [statistics.median(column) for column in zip(*parts)]
+        lines.append(f"| {preset} | {precision} / {kind} | {medians[0]:.2f} | {medians[1]:.2f} "
+                     f"/ {medians[2]:.2f} | " + " | ".join(f"{m:.2f}" for m in medians[3:7])
+                     + f" | **{medians[7]:.2f}** |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["psa-4m", "psa-30m", "psa-92m"])
@@ -102,7 +137,12 @@ def main() -> None:
     block = (f"{machine()}, commit {commit()}; llama.cpp {rounds[0]['llama_build']}. Prefill "
              f"of {args.p} tokens from an empty cache, tokens/s from the median of {args.rounds} "
              f"rounds, each of llama-bench -p {args.p} -r {args.r} and then {args.r} prefills "
-             f"of each kind taking turns in one psa-edge session.\n\n" + table(rounds, args))
+             f"of each kind taking turns in one psa-edge session.\n\n" + table(rounds, args)
+             + f"\n\nWhere a last-row prefill's time goes, 1 thread, -p {args.p}, a mean of "
+             f"{args.r} in each round, medians over rounds (milliseconds per prefill; the "
+             f"operator columns are ONNX Runtime's profile, whose own cost per node inflates "
+             f"the small operators most, `psa-edge bench --profile`):\n\n"
+             + profiles(rounds, args))
     write_block("last-logits", block, "docs/benchmarks.md")
     print(block)
 

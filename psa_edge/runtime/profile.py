@@ -1,22 +1,24 @@
-"""`psa-edge bench --profile`: where a decoded token's time goes on ONNX Runtime (numpy and
-onnxruntime only).
+"""`psa-edge bench --profile`: where a prefill's and a decoded token's time go on ONNX Runtime
+(numpy and onnxruntime only).
 
-Contract: `profile_decode(artifact, spec)` opens the artifact with ONNX Runtime's profiler on,
-feeds a `spec.prompt`-token prompt (not counted), then decodes `spec.gen` tokens one call each,
-and reports per decoded token: the wall time of `session.feed`, the time inside ONNX Runtime's
-run (its `model_run` events), what lies outside it (psa-edge's Python, the I/O binding), and the
-kernel time of each operator type (its `Node` events), largest first. The profiler's own
-bookkeeping adds a little to every node, so the kernel times are upper bounds; compare them with
-each other and with the unprofiled tokens/s of `psa-edge bench`. A `.pte` has no such profiler
-here: `ArtifactError`.
+Contract: `profile_tokens(artifact, spec)` opens the artifact with ONNX Runtime's profiler on,
+prefills a `spec.prompt`-token prompt from an empty cache `spec.reps` times after one warm-up
+(the last row's logits only, as `generate` and `bench` prefill), then decodes `spec.gen` tokens
+one call each after the last prefill. It reports, per prefill and per decoded token (means):
+the wall time of `session.feed`, the time inside ONNX Runtime's runs (their `model_run`
+events), what lies outside them (psa-edge's Python, the I/O binding), and the kernel time of
+each operator type (its `Node` events), largest first. The profiler's own bookkeeping adds a
+little to every node, so the kernel times are upper bounds; compare them with each other and
+with the unprofiled tokens/s of `psa-edge bench`. A `.pte` has no such profiler here:
+`ArtifactError`.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 import time
+from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from psa_edge.errors import ArtifactError
 from psa_edge.io import read_artifact
 
 
-def profile_decode(artifact: Path, spec) -> dict:
+def profile_tokens(artifact: Path, spec) -> dict:
     from psa_edge.runtime.session import open_session
 
     manifest = read_artifact(artifact, check_hash=False).manifest
@@ -40,30 +42,46 @@ def profile_decode(artifact: Path, spec) -> dict:
         session = open_session(artifact, spec.threads, profile_prefix=str(Path(folder) / "ort"))
         rng = np.random.default_rng(0)
         tokens = rng.integers(0, session.io.vocab_size, size=spec.prompt + spec.gen)
-        session.feed(tokens[:spec.prompt], last_only=True)
-        wall = []
+        prefill_wall = []
+        for _ in range(spec.reps + 1):  # the first is the warm-up
+            session.reset()
+            started = time.perf_counter()
+            session.feed(tokens[:spec.prompt], last_only=True)
+            prefill_wall.append(time.perf_counter() - started)
+        decode_wall = []
         for i in range(spec.prompt, tokens.size):
             started = time.perf_counter()
             session.feed(tokens[i:i + 1])
-            wall.append(time.perf_counter() - started)
+            decode_wall.append(time.perf_counter() - started)
         ort_session = (session.program if hasattr(session, "program") else session.graph).session
         events = json.loads(Path(ort_session.end_profiling()).read_text())
     runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
-    decode = runs[-spec.gen:]
-    first = decode[0]["ts"]
-    kernels = Counter()
-    for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first:
-            kernels[e["args"]["op_name"]] += e["dur"]
-    n = spec.gen
-    wall_us = 1e6 * statistics.mean(wall)
-    run_us = statistics.mean(e["dur"] for e in decode)
+    # one run per feed in either form: the warm-up prefill's, the timed ones', the tokens'
+    timed, decode = runs[1:spec.reps + 1], runs[spec.reps + 1:]
     return {"artifact": str(artifact), "form": manifest.get("form"),
             "precision": (manifest.get("quantization") or {}).get("scheme", "fp32"),
-            "threads": spec.threads, "context": spec.prompt, "decode_tokens": n,
-            "wall_us_per_token": wall_us, "ort_run_us_per_token": run_us,
-            "outside_ort_us_per_token": wall_us - run_us,
-            "kernel_us_per_token": {op: us / n for op, us in kernels.most_common()},
-            "nodes_per_token": sum(1 for e in events if e.get("cat") == "Node"
-                                   and e["name"].endswith("_kernel_time")
-                                   and e["ts"] >= first) / n}
+            "threads": spec.threads, "context": spec.prompt, "decode_tokens": spec.gen,
+            "prefill": {"tokens": spec.prompt, "repetitions": spec.reps,
+                        **per_item(events, timed, prefill_wall[1:], "prefill")},
+            **per_item(events, decode, decode_wall, "token")}
+
+
+def per_item(events: list[dict], runs: list[dict], wall: list[float], item: str) -> dict:
+    """The mean wall, run, outside and per-operator kernel microseconds of an item (a prefill,
+    a token) over its `runs`, one per item; `wall` in seconds, one per item."""
+    starts = [run["ts"] for run in runs]
+    kernels, nodes = Counter(), 0
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        i = bisect_right(starts, e["ts"]) - 1
+        if i >= 0 and e["ts"] <= runs[i]["ts"] + runs[i]["dur"]:
+            kernels[e["args"]["op_name"]] += e["dur"]
+            nodes += 1
+    count = len(runs)
+    wall_us = 1e6 * sum(wall) / count
+    run_us = sum(run["dur"] for run in runs) / count
+    return {f"wall_us_per_{item}": wall_us, f"ort_run_us_per_{item}": run_us,
+            f"outside_ort_us_per_{item}": wall_us - run_us,
+            f"kernel_us_per_{item}": {op: us / count for op, us in kernels.most_common()},
+            f"nodes_per_{item}": nodes / count}
