@@ -81,6 +81,16 @@ def test_manifest_records_parity_and_provenance(artifacts, checkpoints):
     assert manifest_of(artifacts["xnnpack-twin"])["gamma_k"] == 0.0
 
 
+def test_onnx_side_files_follow_the_form(artifacts):
+    """Both ONNX forms carry the Hugging Face configs; only the explicit-state form, whose
+    past/present I/O onnxruntime-genai feeds, carries genai_config.json."""
+    for name, genai in (("onnx", True), ("fused", False)):
+        files = set(manifest_of(artifacts[name])["files"])
+        assert {"model.onnx", "config.json", "generation_config.json"} <= files
+        assert ("genai_config.json" in files) == genai
+        assert (artifacts[name] / "genai_config.json").exists() == genai
+
+
 def onnx_shears(path):
     """(stream, gamma) for every Sub -> Mul(gamma) -> Add pattern fed by a RoPE output and the
     sequence shift of that same output behind its carried-in slot."""

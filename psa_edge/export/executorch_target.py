@@ -154,7 +154,7 @@ class ExecuTorchTarget:
         return {name: Traced(q.retrace(module, t.example.inputs, t.example.flat_shapes),
                              t.example) for name, t in exported.items()}, ops
 
-    def side_files(self, cfg, max_len: int) -> dict[str, dict]:
+    def side_files(self, cfg, max_len: int, form: str) -> dict[str, dict]:
         return {}  # the runner reads the program's own metadata methods and the tokenizer
 
     def lower(self, exported, form, cfg, max_len: int) -> tuple[bytes, dict | None]:

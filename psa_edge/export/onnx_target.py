@@ -52,13 +52,18 @@ class OnnxTarget:
         proto, ops = q.quantize_onnx(exported["forward"].program, spec, feeds)
         return {"forward": Traced(proto, exported["forward"].example)}, ops
 
-    def side_files(self, cfg, max_len: int) -> dict[str, dict]:
+    def side_files(self, cfg, max_len: int, form: str) -> dict[str, dict]:
         """What ONNX clients read beside the graph: config.json and generation_config.json
-        (optimum's ORTModelForCausalLM), genai_config.json (onnxruntime-genai)."""
+        (optimum's ORTModelForCausalLM), and for the explicit-state form genai_config.json
+        (onnxruntime-genai, whose past/present inputs that form's are; it does not feed the
+        fused form's input_pos and logits_to_keep)."""
         from psa_edge.hf.convert import genai_config, generation_config, llama_config
 
-        return {"config.json": llama_config(cfg), "generation_config.json":
-                generation_config(cfg), "genai_config.json": genai_config(cfg, max_len)}
+        files = {"config.json": llama_config(cfg), "generation_config.json":
+                 generation_config(cfg)}
+        if form == "explicit-state":
+            files["genai_config.json"] = genai_config(cfg, max_len)
+        return files
 
     def lower(self, exported, form, cfg, max_len: int) -> tuple[bytes, None]:
         import onnx

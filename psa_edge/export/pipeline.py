@@ -153,7 +153,7 @@ def save(artifact: bytes, delegation: dict | None, quantization: dict | None,
         (folder / MODEL_FILES[req.target]).write_bytes(artifact)
         tokenizer_of(model).write(folder, length)
         record_reference(Reference(model), cfg.vocab_size, length, folder / REFERENCE)
-        for name, content in target.side_files(cfg, length).items():
+        for name, content in target.side_files(cfg, length, form.name).items():
             write_json(folder / name, content)
         manifest["files"] = {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
         write_json(folder / MANIFEST, manifest)
