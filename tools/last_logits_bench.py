@@ -97,7 +97,7 @@ def table(rounds: list[dict], args) -> str:
 def profiles(rounds: list[dict], args) -> str:
     """Where a last-row prefill's time goes at 1 thread (`psa-edge bench --profile`, whose
     profiler adds its own cost to every node), beside llama.cpp's whole prefill, in ms: medians
-    over rounds, the last column of each round's ratio."""
+    over rounds, the last column the median of each round's ratio."""
     lines = [f"| preset | precision | llama.cpp pp{args.p} | psa-edge prefill, last row: "
              f"unprofiled / profiled | weight MatMuls | GroupQueryAttention | other operators "
              f"| outside ONNX Runtime | weight MatMuls / llama.cpp |", "|" + "---|" * 9]
@@ -137,12 +137,13 @@ def main() -> None:
     block = (f"{machine()}, commit {commit()}; llama.cpp {rounds[0]['llama_build']}. Prefill "
              f"of {args.p} tokens from an empty cache, tokens/s from the median of {args.rounds} "
              f"rounds, each of llama-bench -p {args.p} -r {args.r} and then {args.r} prefills "
-             f"of each kind taking turns in one psa-edge session.\n\n" + table(rounds, args)
-             + f"\n\nWhere a last-row prefill's time goes, 1 thread, -p {args.p}, a mean of "
-             f"{args.r} in each round, medians over rounds (milliseconds per prefill; the "
-             f"operator columns are ONNX Runtime's profile, whose own cost per node inflates "
-             f"the small operators most, `psa-edge bench --profile`):\n\n"
-             + profiles(rounds, args))
+             f"of each kind taking turns in one psa-edge session.\n\n" + table(rounds, args))
+    if 1 in args.threads:
+        block += (f"\n\nWhere a last-row prefill's time goes, 1 thread, -p {args.p}, a mean "
+                  f"of {args.r} in each round, medians over rounds (milliseconds per prefill; "
+                  f"the operator columns are ONNX Runtime's profile, whose own cost per node "
+                  f"inflates the small operators most, `psa-edge bench --profile`):\n\n"
+                  + profiles(rounds, args))
     write_block("last-logits", block, "docs/benchmarks.md")
     print(block)
 

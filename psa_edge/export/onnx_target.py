@@ -54,9 +54,9 @@ class OnnxTarget:
 
     def side_files(self, cfg, max_len: int, form: str) -> dict[str, dict]:
         """What ONNX clients read beside the graph: config.json and generation_config.json
-        (optimum's ORTModelForCausalLM), and for the explicit-state form genai_config.json
-        (onnxruntime-genai, whose past/present inputs that form's are; it does not feed the
-        fused form's input_pos and logits_to_keep)."""
+        (optimum's ORTModelForCausalLM) and, for the explicit-state form only,
+        genai_config.json (onnxruntime-genai, which feeds that form's past/present I/O but not
+        the fused form's input_pos and logits_to_keep)."""
         from psa_edge.hf.convert import genai_config, generation_config, llama_config
 
         files = {"config.json": llama_config(cfg), "generation_config.json":
