@@ -128,9 +128,11 @@ def flops_per_token(cfg: dict, context: int) -> dict:
 class Runner:
     """One artifact under test: prefill and decode timers over its session (either form)."""
 
-    def __init__(self, artifact: Path, threads: int | None, takes_turns: bool = False):
+    def __init__(self, artifact: Path, threads: int | None, takes_turns: bool = False,
+                 profile_prefix: str | None = None):
         before, huge_before = rss_bytes(), huge_pages.anon_huge_bytes()
         self.artifact, self.threads, self.takes_turns = artifact, threads, takes_turns
+        self.profile_prefix = profile_prefix  # ONNX Runtime's profiler writes there (--profile)
         self.open()
         self.manifest = self.session.manifest
         self.load_rss = rss_bytes() - before
@@ -141,7 +143,8 @@ class Runner:
     def open(self) -> None:
         """Open the artifact afresh; the previous session (and its program) is released first."""
         self.session = None
-        self.session = open_session(self.artifact, self.threads, takes_turns=self.takes_turns)
+        self.session = open_session(self.artifact, self.threads, takes_turns=self.takes_turns,
+                                    profile_prefix=self.profile_prefix)
 
     def warm_up(self, context: np.ndarray, prompt: np.ndarray, gen: np.ndarray) -> float:
         """One prefill and a few decode steps; returns the median seconds per decode step."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
@@ -29,7 +28,7 @@ from psa_edge.io import read_artifact
 
 
 def profile_tokens(artifact: Path, spec) -> dict:
-    from psa_edge.runtime.session import open_session
+    from psa_edge.runtime.bench import Runner
 
     manifest = read_artifact(artifact, check_hash=False).manifest
     if manifest.get("backend") != "onnxruntime":
@@ -39,20 +38,15 @@ def profile_tokens(artifact: Path, spec) -> dict:
         raise ArtifactError(f"p {spec.prompt} + n {spec.gen} exceed the artifact's max length "
                             f"{manifest['max_seq_len']}")
     with tempfile.TemporaryDirectory() as folder:
-        session = open_session(artifact, spec.threads, profile_prefix=str(Path(folder) / "ort"))
+        runner = Runner(artifact, spec.threads, profile_prefix=str(Path(folder) / "ort"))
+        session = runner.session
         rng = np.random.default_rng(0)
         tokens = rng.integers(0, session.io.vocab_size, size=spec.prompt + spec.gen)
-        prefill_wall = []
-        for _ in range(spec.reps + 1):  # the first is the warm-up
-            session.reset()
-            started = time.perf_counter()
-            session.feed(tokens[:spec.prompt], last_only=True)
-            prefill_wall.append(time.perf_counter() - started)
-        decode_wall = []
-        for i in range(spec.prompt, tokens.size):
-            started = time.perf_counter()
-            session.feed(tokens[i:i + 1])
-            decode_wall.append(time.perf_counter() - started)
+        no_context = tokens[:0]
+        # the first prefill is the warm-up; the tokens decode after the last one
+        prefill_wall = [runner.prefill(no_context, tokens[:spec.prompt])
+                        for _ in range(spec.reps + 1)]
+        decode_wall = runner.steps(tokens, 0, spec.prompt, tokens.size)
         ort_session = (session.program if hasattr(session, "program") else session.graph).session
         events = json.loads(Path(ort_session.end_profiling()).read_text())
     runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
