@@ -171,10 +171,16 @@ def bench_checkpoint(preset: str, q4_grid: str | None = None) -> Path:
     return random_checkpoint(preset, BENCH / f"{preset}{suffix}.pt", q4_grid=q4_grid)
 
 
+def build_checkpoint(preset: str, target: str, quant: str | None) -> Path:
+    """The random checkpoint a benchmark build of `target` and `quant` is exported from: int4
+    builds take the one on their quantizer's 4-bit grid."""
+    grid = None if quant != "int4" else "8da4w" if target == "xnnpack" else "q4_0"
+    return bench_checkpoint(preset, grid)
+
+
 def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str) -> Path:
     """The benchmark build of a random-weight preset (out/bench/), exported once."""
-    grid = None if quant != "int4" else "8da4w" if target == "xnnpack" else "q4_0"
-    ckpt = bench_checkpoint(preset, grid)
+    ckpt = build_checkpoint(preset, target, quant)
     name = "-".join([preset, target, quant or "fp32"] + ([form] if form != "explicit-state"
                                                          else []) + (["twin"] if twin else []))
     return export_once(ckpt, BENCH / name, target, quant, bool(twin), form, MAX_LEN)
