@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from common import (BENCH, MAX_LEN, OUT, REPO, artifact, bench_checkpoint, build_checkpoint,
-                    commit, machine, psa_edge_json, write_block)
+                    commit, machine, page_with_block, psa_edge_json, write_block)
 
 from psa_edge.model import PRESETS
 
@@ -122,6 +122,8 @@ def builds(tree: Path, rev: str, preset: str, precision: str) -> dict:
 
 
 def measure(args) -> list[dict]:
+    """Every build exported (cached in out/bench/), then the rounds: per case, each build's
+    prefill tokens/s, the base's builds timed by the base's CLI."""
     tree = base_tree(args.base)
     by_scheme = {(preset, precision): builds(tree, args.base, preset, precision)
                  for preset in args.presets for precision in args.precisions}
@@ -132,7 +134,7 @@ def measure(args) -> list[dict]:
         for preset, precision, threads, folders in cases:
             row = {"preset": preset, "precision": precision, "threads": threads,
                    "base": args.base, "commit": commit(), "machine": machine(),
-                   "pp": {}}
+                   "tokens": args.p, "reps": args.r, "pp": {}}
             for (backend, when, form), folder in folders.items():
                 bench = ("bench", folder, "-p", args.p, "-n", 1, "-r", args.r,
                          "--threads", threads, "--json")
@@ -149,7 +151,7 @@ def measure(args) -> list[dict]:
     return rounds
 
 
-def table(rounds: list[dict], args) -> str:
+def table(rounds: list[dict]) -> str:
     """Median prefill tokens/s per build, and per backend today's best form over the base's
     best and the lowest ratio of a form to itself."""
     lines = ["| preset | precision | threads | backend | base: explicit-state / runner | "
@@ -201,6 +203,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--render", action="store_true", help="the page from the last results")
     args = parser.parse_args()
+    page_with_block("prefill-since", "docs/benchmarks.md")  # before the hour of measuring
     results = BENCH / "prefill-since.json"
     rounds = json.loads(results.read_text()) if results.exists() else []
     if not args.render:  # other presets' and precisions' rows, same base and machine, are kept
@@ -208,16 +211,19 @@ def main() -> None:
                 and (r["preset"] not in args.presets or r["precision"] not in args.precisions)]
         rounds = kept + measure(args)
         results.write_text(json.dumps(rounds, indent=1))
+    if not rounds:
+        raise SystemExit(f"{results} holds no results: run without --render first")
+    tokens, reps = rounds[-1]["tokens"], rounds[-1]["reps"]
     counts = sorted({sum(1 for r in rounds if (r["preset"], r["precision"], r["threads"]) == case)
                      for case in {(r["preset"], r["precision"], r["threads"]) for r in rounds}})
     done = "-".join(map(str, sorted({counts[0], counts[-1]})))
     spread = max(max(values) / min(values) for values in rates_by_build(rounds).values())
     block = (f"{rounds[0]['machine']}; base {rounds[0]['base']}, today {rounds[0]['commit']}. "
-             f"Prefill of {args.p} tokens from an empty cache (`psa-edge bench -p {args.p} -n 1 "
-             f"-r {args.r}`, each commit's own CLI), tokens/s, median of {done} rounds taking "
+             f"Prefill of {tokens} tokens from an empty cache (`psa-edge bench -p {tokens} -n 1 "
+             f"-r {reps}`, each commit's own CLI), tokens/s, median of {done} rounds taking "
              f"turns; random weights, PSA key-only 0.8, max length {MAX_LEN}. The widest spread "
              f"of one build's rounds (fastest / slowest): {spread:.2f}.\n\n"
-             + table(rounds, args) + "\n")
+             + table(rounds) + "\n")
     write_block("prefill-since", block, "docs/benchmarks.md")
     print(block)
 
