@@ -69,15 +69,21 @@ def snap_to_q4_grid(blocks, grid: str) -> None:
     step = the block's largest-magnitude weight / -8, as ONNX Runtime's MLAS and llama.cpp's
     Q4_0 compute it, weights k * step with k in [-8, 7]. "8da4w": the same after negating each
     block whose peak is positive, so the peak is -8 steps: torchao's HQQ starts from the scale
-    max |w| / 8, which is then the step, and its least-squares fit keeps it. Both lossless."""
+    max |w| / 8, which is then the step, and its least-squares fit keeps it. Both lossless.
+    "qc4w" (pass whole rows as blocks): 9389d90's per-row XNNPACK int4, step = max |w| / 7.5
+    (PerChannelMinMaxObserver); the peak, made negative, is -7.5 steps and becomes -8 there,
+    the only weight not kept."""
     import torch
 
-    peak = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
-    if grid == "8da4w":
+    at = blocks.abs().argmax(-1, keepdim=True)
+    peak = blocks.gather(-1, at)
+    if grid in ("8da4w", "qc4w"):
         blocks.mul_(torch.where(peak > 0, -1.0, 1.0))
         peak = -peak.abs()
-    step = torch.where(peak == 0, torch.ones_like(peak), peak / -8)
+    steps = 7.5 if grid == "qc4w" else 8
+    step = torch.where(peak == 0, torch.ones_like(peak), peak / -steps)
     blocks.copy_((blocks / step).round().clamp(-8, 7) * step)
+    blocks.scatter_(-1, at, peak)  # the peak itself: -8 steps, or qc4w's -7.5
 
 
 def random_checkpoint(preset: str, path: Path, vocab_task: bool = True,
@@ -100,7 +106,8 @@ def random_checkpoint(preset: str, path: Path, vocab_task: bool = True,
         with torch.no_grad():
             for name, weight in model.named_parameters():
                 if q4_grid and weight.dim() == 2 and "embed_tokens" not in name:
-                    snap_to_q4_grid(weight.view(weight.shape[0], -1, 32), q4_grid)
+                    block = weight.shape[1] if q4_grid == "qc4w" else 32
+                    snap_to_q4_grid(weight.view(weight.shape[0], -1, block), q4_grid)
         task = {"name": "ih-sht", "params": {"seq_len": 256,
                                              "alphabet": model.cfg.vocab_size}}
         save_checkpoint(path, model, {"task": task if vocab_task else None,
@@ -167,7 +174,7 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
 def bench_checkpoint(preset: str, q4_grid: str | None = None) -> Path:
     """The random checkpoint of a preset in out/bench/ (snapped to `q4_grid`, if given), which
     psa-edge's benchmark builds and llama.cpp's GGUF of the same grid share."""
-    suffix = {None: "", "q4_0": "-q4grid", "8da4w": "-8da4w-grid"}[q4_grid]
+    suffix = {None: "", "q4_0": "-q4grid", "8da4w": "-8da4w-grid", "qc4w": "-qc4w-grid"}[q4_grid]
     return random_checkpoint(preset, BENCH / f"{preset}{suffix}.pt", q4_grid=q4_grid)
 
 

@@ -7,13 +7,13 @@ before the static-cache decode work), the two taking turns.
 The base's source is unpacked with `git archive` into out/base-REV/ (ignored, like all of
 out/); its builds are exported and benchmarked by its own CLI, from that folder, from the same
 random checkpoints as today's (`common.artifact`; XNNPACK's int4, which was one scale per row
-at the base, from `per_channel_int4_checkpoint`). At the base, ONNX Runtime had the
-explicit-state form only and XNNPACK the explicit-state and runner forms; today ONNX Runtime
-adds the fused form. Per round, each base build's `bench -p P -n 1 -r R` then each of today's;
-the table reports the median prefill tokens/s over rounds, each backend's fastest form today
-over its fastest at the base, and the lowest ratio of one form to itself. A form that does not
-take a scheme (the fused form and static int8), or a base build its exporter fails to make (the
-tool prints its error), is "-".
+at the base, from the "qc4w" grid's checkpoint, `common.snap_to_q4_grid`). At the base, ONNX
+Runtime had the explicit-state form only and XNNPACK the explicit-state and runner forms; today
+ONNX Runtime adds the fused form. Per round, each base build's `bench -p P -n 1 -r R` then each
+of today's; the table reports the median prefill tokens/s over rounds, each backend's fastest
+form today over its fastest at the base, and the lowest ratio of one form to itself. A form
+that does not take a scheme (the fused form and static int8), or a base build its exporter
+fails to make (the tool prints its error), is "-".
 """
 
 from __future__ import annotations
@@ -57,32 +57,6 @@ def base_cli(tree: Path, *args) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(tree)})
 
 
-def per_channel_int4_checkpoint(preset: str) -> Path:
-    """The preset's random checkpoint with every linear's rows near the base's XNNPACK int4
-    grid (one scale per output row, PerChannelMinMaxObserver's max |w| / 7.5, k in [-8, 7]):
-    each row's peak made negative, the others rounded to whole steps within [-7, 7]. Only the
-    peak, -7.5 steps, is not kept exactly (it becomes -8): on its own weights, or on today's
-    8da4w grid, random psa-4m fails the base's parity gate. Speed does not depend on values."""
-    import torch
-
-    from psa_edge.model.checkpoint import load_checkpoint, save_checkpoint
-
-    path = BENCH / f"{preset}-qc4w-grid.pt"
-    if not path.exists():
-        model, metadata = load_checkpoint(bench_checkpoint(preset))
-        with torch.no_grad():
-            for name, weight in model.named_parameters():
-                if weight.dim() == 2 and "embed_tokens" not in name:
-                    at = weight.abs().argmax(-1, keepdim=True)
-                    weight.mul_(torch.where(weight.gather(-1, at) > 0, -1.0, 1.0))
-                    peak = weight.gather(-1, at)
-                    step = torch.where(peak == 0, torch.ones_like(peak), peak / -7.5)
-                    weight.copy_((weight / step).round().clamp(-7, 7) * step)
-                    weight.scatter_(-1, at, peak)
-        save_checkpoint(path, model, metadata)
-    return path
-
-
 def base_artifact(tree: Path, rev: str, preset: str, target: str, quant: str | None,
                   form: str) -> Path | None:
     """The base's build of a benchmark build's checkpoint (XNNPACK int4: the base's grid's),
@@ -90,7 +64,7 @@ def base_artifact(tree: Path, rev: str, preset: str, target: str, quant: str | N
     folder = BENCH / f"base-{rev}" / artifact(preset, target, quant, False, form).name
     if not (folder / "manifest.json").exists():
         folder.parent.mkdir(parents=True, exist_ok=True)
-        source = (per_channel_int4_checkpoint(preset) if (target, quant) == ("xnnpack", "int4")
+        source = (bench_checkpoint(preset, "qc4w") if (target, quant) == ("xnnpack", "int4")
                   else build_checkpoint(preset, target, quant))
         export = base_cli(tree, "export", source, "--target", target, "--form", form,
                           *(["--quantize", quant] if quant else []), "--max-seq-len", MAX_LEN,
@@ -214,10 +188,9 @@ def main() -> None:
     if not rounds:
         raise SystemExit(f"{results} holds no results: run without --render first")
     tokens, reps = rounds[-1]["tokens"], rounds[-1]["reps"]
-    counts = sorted({sum(1 for r in rounds if (r["preset"], r["precision"], r["threads"]) == case)
-                     for case in {(r["preset"], r["precision"], r["threads"]) for r in rounds}})
-    done = "-".join(map(str, sorted({counts[0], counts[-1]})))
-    spread = max(max(values) / min(values) for values in rates_by_build(rounds).values())
+    by_build = rates_by_build(rounds)
+    done = min(map(len, by_build.values()))
+    spread = max(max(values) / min(values) for values in by_build.values())
     block = (f"{rounds[0]['machine']}; base {rounds[0]['base']}, today {rounds[0]['commit']}. "
              f"Prefill of {tokens} tokens from an empty cache (`psa-edge bench -p {tokens} -n 1 "
              f"-r {reps}`, each commit's own CLI), tokens/s, median of {done} rounds taking "
