@@ -186,6 +186,10 @@ def export(
                                            "int8-dynamic, int8-block (ONNX: 8-bit weights in "
                                            "blocks of 32), or int4 (4-bit weights: blocks of "
                                            "32, HQQ scale-only on XNNPACK); default: fp32."),
+    group_size: Optional[int] = typer.Option(None, help="Weights per scale of int4 and "
+                                             "int8-block: a power of two (default 32); larger "
+                                             "is a faster XNNPACK int4 prefill and a coarser "
+                                             "grid."),
     calibration_samples: int = typer.Option(32, min=1, max=100_000,
                                             help="Task sequences for static calibration."),
     calibration_seed: int = typer.Option(0, min=0, max=SEED_MAX,
@@ -198,10 +202,14 @@ def export(
     """Export a checkpoint to ONNX or ExecuTorch, check it against the float reference, and write
     the artifact folder (model, tokenizer, manifest) in one step (docs/spec.md §8)."""
     from psa_edge.display import print_summary
+    from psa_edge.errors import ExportError
     from psa_edge.export.pipeline import ExportRequest, run_export
-    from psa_edge.export.quantize import QuantSpec
+    from psa_edge.export.quantize import WEIGHT_BLOCK, QuantSpec
 
-    quant = (QuantSpec(quantize, calibration_samples, calibration_seed, keep_shear_fp32)
+    if group_size is not None and not quantize:
+        raise ExportError("--group-size needs --quantize int4 or int8-block")
+    group = WEIGHT_BLOCK if group_size is None else group_size
+    quant = (QuantSpec(quantize, calibration_samples, calibration_seed, keep_shear_fp32, group)
              if quantize else None)
     request = ExportRequest(checkpoint, target, output, max_seq_len, twin, form, quant)
     manifest = run_export(request)

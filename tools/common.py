@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -142,6 +143,16 @@ def write_doc(name: str, text: str) -> None:
     write_text(REPO / "docs" / name, text.rstrip("\n") + "\n")
 
 
+def quant_spec(name: str):
+    """A scheme's spec from its build name: "int4", or "int4-g128" for groups of 128."""
+    from psa_edge.export.quantize import QuantSpec
+
+    grouped = re.fullmatch(r"(.+)-g(\d+)", name)
+    if grouped:
+        return QuantSpec(grouped[1], group_size=int(grouped[2]))
+    return QuantSpec(name)
+
+
 def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None = None,
                 twin: bool = False, form: str = "explicit-state",
                 max_seq_len: int | None = None) -> Path:
@@ -153,7 +164,7 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
     from psa_edge.export.quantize import QuantSpec, calibration_record
     from psa_edge.io import read_artifact, sha256_file
 
-    spec = QuantSpec(quant) if quant else None
+    spec = quant_spec(quant) if quant else None
     layouts = ("weights", "activations")
     expected = spec and calibration_record(None, None, spec, TARGETS[target])
     try:
@@ -180,8 +191,9 @@ def bench_checkpoint(preset: str, q4_grid: str | None = None) -> Path:
 
 def build_checkpoint(preset: str, target: str, quant: str | None) -> Path:
     """The random checkpoint a benchmark build of `target` and `quant` is exported from: int4
-    builds take the one on their quantizer's 4-bit grid."""
-    grid = None if quant != "int4" else "8da4w" if target == "xnnpack" else "q4_0"
+    builds (of any group size) take the one on their quantizer's 4-bit grid of 32."""
+    grid = (None if not (quant or "").startswith("int4") else "8da4w" if target == "xnnpack"
+            else "q4_0")
     return bench_checkpoint(preset, grid)
 
 

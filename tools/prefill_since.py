@@ -13,7 +13,8 @@ ONNX Runtime adds the fused form. Per round, each base build's `bench -p P -n 1 
 of today's; the table reports the median prefill tokens/s over rounds, each backend's fastest
 form today over its fastest at the base, and the lowest ratio of one form to itself. A form
 that does not take a scheme (the fused form and static int8), or a base build its exporter
-fails to make (the tool prints its error), is "-".
+fails to make (the tool prints its error), is "-". "int4-g128" is today's int4 with
+`--group-size 128` against the base's int4.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from common import (BENCH, MAX_LEN, OUT, REPO, artifact, bench_checkpoint, build
 from psa_edge.model import PRESETS
 
 BASE = "9389d90"
-PRECISIONS = ("fp32", "int8", "int8-dynamic", "int4")
+PRECISIONS = ("fp32", "int8", "int8-dynamic", "int4", "int4-g128")
+BASE_SCHEME = {"int4-g128": "int4"}  # the base had one int4, with one scale per row on XNNPACK
 # backend -> (target, its forms at the base, its forms today)
 BACKENDS = {"ONNX Runtime": ("onnx", ("explicit-state",), ("explicit-state", "fused")),
             "XNNPACK": ("xnnpack", ("explicit-state", "runner"), ("explicit-state", "runner"))}
@@ -90,8 +92,8 @@ def builds(tree: Path, rev: str, preset: str, precision: str) -> dict:
                 if precision == "int8" and form not in TAKES_STATIC_INT8:
                     continue
                 out[backend, when, form] = (
-                    base_artifact(tree, rev, preset, target, quant, form) if when == "base"
-                    else artifact(preset, target, quant, False, form))
+                    base_artifact(tree, rev, preset, target, BASE_SCHEME.get(quant, quant), form)
+                    if when == "base" else artifact(preset, target, quant, False, form))
     return {key: folder for key, folder in out.items() if folder is not None}
 
 
@@ -191,7 +193,8 @@ def main() -> None:
     by_build = rates_by_build(rounds)
     done = min(map(len, by_build.values()))
     spread = max(max(values) / min(values) for values in by_build.values())
-    block = (f"{rounds[0]['machine']}; base {rounds[0]['base']}, today {rounds[0]['commit']}. "
+    today = ", ".join(dict.fromkeys(r["commit"] for r in rounds))
+    block = (f"{rounds[0]['machine']}; base {rounds[0]['base']}, today {today}. "
              f"Prefill of {tokens} tokens from an empty cache (`psa-edge bench -p {tokens} -n 1 "
              f"-r {reps}`, each commit's own CLI), tokens/s, median of {done} rounds taking "
              f"turns; random weights, PSA key-only 0.8, max length {MAX_LEN}. The widest spread "

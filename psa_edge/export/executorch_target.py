@@ -127,9 +127,6 @@ class ExecuTorchTarget:
     backend = "executorch"
     forms = ("explicit-state", "runner")
     activation_dtype = "int8"
-    block_layouts = {"int4": (f"int4 symmetric, groups of {q.WEIGHT_BLOCK} along the input, one "
-                              f"scale each (HQQ scale-only)",
-                              "int8 per token, asymmetric, dynamic")}
     tool = ("torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer; int4: "
             "torchao quantize_ (Int8DynamicActivationIntxWeightConfig, 8da4w)")
 
@@ -138,6 +135,12 @@ class ExecuTorchTarget:
         # quantized builds need a backend with integer kernels: the portable ones have none.
         self.schemes = ("int8", "int8-dynamic", "int4") if delegated else ()
 
+    @staticmethod
+    def block_layout(spec: q.QuantSpec) -> tuple[str, str]:
+        """(weights, activations) of int4, as the manifest records them."""
+        return (f"int4 symmetric, groups of {spec.group_size} along the input, one scale each "
+                f"(HQQ scale-only)", "int8 per token, asymmetric, dynamic")
+
     def trace(self, module, form, cfg, max_len: int) -> dict[str, Traced]:
         return {name: Traced(export_program(module, example.inputs, example.shapes), example)
                 for name, example in form.methods(cfg, max_len).items()}
@@ -145,7 +148,8 @@ class ExecuTorchTarget:
     def quantize(self, exported, form, model, max_len: int, spec: q.QuantSpec, rows):
         cfg = model.cfg
         if spec.scheme == "int4":  # a source transform: on a copy, then traced again
-            module = q.quantize_8da4w(form.module(copy.deepcopy(model), max_len))
+            module = q.quantize_8da4w(form.module(copy.deepcopy(model), max_len),
+                                      spec.group_size)
             ops = q.pt2e_op_histograms(exported["forward"].program.graph, q.is_linear)
             return self.trace(module, form, cfg, max_len), ops
         args = form.calibration_inputs(cfg, max_len, rows)

@@ -26,11 +26,14 @@ class OnnxTarget:
     forms = ("explicit-state", "fused")
     schemes = ("int8", "int8-dynamic", "int8-block", "int4")
     activation_dtype = "uint8"  # ONNX Runtime's CPU kernels want U8S8 (quantize.quantize_onnx)
-    # (weights, activations) of the block-wise schemes, as the manifest records them
-    block_layouts = {scheme: (f"int{bits} symmetric, blocks of {q.WEIGHT_BLOCK} along the input, "
-                              f"one scale each", f"int8 per block of {q.WEIGHT_BLOCK}, dynamic "
-                              f"(inside MatMulNBits)") for scheme, bits in q.BLOCK_BITS.items()}
     tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic, MatMulNBits)"
+
+    @staticmethod
+    def block_layout(spec: q.QuantSpec) -> tuple[str, str]:
+        """(weights, activations) of a block-wise scheme, as the manifest records them."""
+        bits, block = q.BLOCK_BITS[spec.scheme], spec.group_size
+        return (f"int{bits} symmetric, blocks of {block} along the input, one scale each",
+                f"int8 per block of {block}, dynamic (inside MatMulNBits)")
 
     def trace(self, module, form, cfg, max_len: int) -> dict[str, Traced]:
         example = form.methods(cfg, max_len)["forward"]

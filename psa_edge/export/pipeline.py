@@ -54,6 +54,8 @@ class ExportRequest:
             parts.append(self.form)
         if self.quant:
             parts.append(self.quant.scheme)
+            if self.quant.group_size != q.WEIGHT_BLOCK:
+                parts.append(f"g{self.quant.group_size}")
         if self.twin:
             parts.append("twin")
         return Path(self.checkpoint).with_name("-".join(parts))

@@ -4,11 +4,12 @@ Contract:
 - `QuantSpec` names a scheme: `int8` (static activations, calibrated) or `int8-dynamic`
   (activation scales computed at run time), whose weights are int8, per-channel symmetric;
   `int4`, 4-bit symmetric weights with int8 activations computed at run time: on ONNX in
-  blocks of WEIGHT_BLOCK along the input dimension, one scale per block (ONNX Runtime's
-  MatMulNBits, accuracy level 4: the kernel quantizes the activations per block); on XNNPACK
-  the same groups of WEIGHT_BLOCK with activations quantized per token (torchao's 8da4w, a
+  blocks of `group_size` (default WEIGHT_BLOCK) along the input dimension, one scale per block
+  (ONNX Runtime's MatMulNBits, accuracy level 4: the kernel quantizes the activations per
+  block); on XNNPACK the same groups with activations quantized per token (torchao's 8da4w, a
   source transform before torch.export, run by XNNPACK's QD8-F32-QB4W kernels);
   `int8-block` (ONNX only), the same MatMulNBits layout with 8-bit weights (llama.cpp's Q8_0).
+  `group_size` is a power of two of at least 32, for the block-wise schemes only.
 - What is quantized: every linear (q/k/v/o, the SwiGLU MLP, lm_head). Optionally (static only)
   the shear's Sub/Mul/Add, when `keep_shear_fp32` is False. Everything else stays fp32: RMSNorm,
   RoPE, the attention matmuls, softmax and the mask, and the state tensors at the graph's
@@ -45,8 +46,9 @@ from psa_edge.export import quiet
 from psa_edge.io import native_output_captured
 
 SCHEMES = ("int8", "int8-dynamic", "int8-block", "int4")
-# llama.cpp's Q4_0 / Q8_0 block: the block-wise builds compare like for like with its GGUFs
-# (docs/benchmarks.md)
+# The default block: llama.cpp's Q4_0 / Q8_0 one, so the block-wise builds compare like for like
+# with its GGUFs (docs/benchmarks.md). `--group-size` takes a larger power of two: fewer scales,
+# a faster XNNPACK int4 prefill, a coarser grid (docs/quantization.md).
 WEIGHT_BLOCK = 32
 BLOCK_BITS = {"int8-block": 8, "int4": 4}  # weight bits of the block-wise (MatMulNBits) schemes
 CALIBRATION_SEED_BASE = 0x0CA1  # calibration draws never reuse the trainer's batch seeds
@@ -59,6 +61,11 @@ class QuantSpec:
     calibration_samples: int = 32
     seed: int = 0
     keep_shear_fp32: bool = True
+    group_size: int = WEIGHT_BLOCK  # weights per scale, block-wise schemes only
+
+    @property
+    def block_wise(self) -> bool:
+        return self.scheme in BLOCK_BITS
 
     @property
     def static(self) -> bool:
@@ -73,6 +80,13 @@ def check_spec(spec: QuantSpec, target_schemes: tuple[str, ...]) -> None:
         targets = "onnx" if spec.scheme == "int8-block" else "xnnpack or onnx"
         raise ExportError(f"{spec.scheme} needs a backend with its kernels; use --target "
                           f"{targets}")
+    if spec.group_size != WEIGHT_BLOCK and not spec.block_wise:
+        raise ExportError(f"--group-size applies to the block-wise schemes "
+                          f"({', '.join(BLOCK_BITS)}), not to {spec.scheme}")
+    # XNNPACK's QB4W kernels take multiples of 32; MatMulNBits, powers of two
+    if spec.group_size < WEIGHT_BLOCK or spec.group_size & (spec.group_size - 1):
+        raise ExportError(f"--group-size must be a power of two of at least {WEIGHT_BLOCK}, "
+                          f"got {spec.group_size}")
     if spec.static and spec.calibration_samples < 1:
         raise ExportError(f"--calibration-samples must be positive, got "
                           f"{spec.calibration_samples}")
@@ -102,8 +116,8 @@ def activations(spec: QuantSpec, target) -> str:
     """How the linears' input activations are quantized (the manifest's record). ONNX Runtime's
     CPU kernels want them as uint8, ExecuTorch's XNNPACK quantizer makes int8; each target
     describes its own low-bit layouts."""
-    if spec.scheme in target.block_layouts:
-        return target.block_layouts[spec.scheme][1]
+    if spec.block_wise:
+        return target.block_layout(spec)[1]
     dtype = target.activation_dtype
     return (f"{dtype} per-tensor, static (calibrated)" if spec.static
             else f"{dtype}, dynamic (scales computed per call)")
@@ -111,7 +125,7 @@ def activations(spec: QuantSpec, target) -> str:
 
 def calibration_record(task_dict: dict | None, tokens: np.ndarray | None, spec: QuantSpec,
                        target) -> dict:
-    weights = target.block_layouts.get(spec.scheme, ("int8 per-channel symmetric",))[0]
+    weights = target.block_layout(spec)[0] if spec.block_wise else "int8 per-channel symmetric"
     record = {"scheme": spec.scheme, "tool": target.tool, "weights": weights,
               "activations": activations(spec, target),
               "keep_shear_fp32": spec.keep_shear_fp32, "calibration": None}
@@ -219,8 +233,8 @@ def quantize_pt2e(program: torch.export.ExportedProgram, spec: QuantSpec,
     return converted, ops
 
 
-def quantize_8da4w(module: torch.nn.Module) -> torch.nn.Module:
-    """`module` with every linear's weight in 4-bit symmetric groups of WEIGHT_BLOCK along the
+def quantize_8da4w(module: torch.nn.Module, group_size: int = WEIGHT_BLOCK) -> torch.nn.Module:
+    """`module` with every linear's weight in 4-bit symmetric groups of `group_size` along the
     input, one scale each, and its input quantized to int8 per token at run time (torchao's
     8da4w, as ExecuTorch's own LLM export applies it before torch.export; XNNPACK runs it as
     QD8-F32-QB4W), in place. ExecuTorch 1.4.1's XNNPACKQuantizer has no per-group weights:
@@ -234,11 +248,12 @@ def quantize_8da4w(module: torch.nn.Module) -> torch.nn.Module:
 
     linears = {name: m for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
     for name, linear in linears.items():
-        if linear.in_features % WEIGHT_BLOCK:
+        if linear.in_features % group_size:
             raise ExportError(f"int4 on XNNPACK needs every linear's input size to be a multiple "
-                              f"of {WEIGHT_BLOCK}; {name} takes {linear.in_features}")
+                              f"of its group size {group_size}; {name} takes "
+                              f"{linear.in_features}")
     config = Int8DynamicActivationIntxWeightConfig(
-        weight_dtype=torch.int4, weight_granularity=PerGroup(WEIGHT_BLOCK),
+        weight_dtype=torch.int4, weight_granularity=PerGroup(group_size),
         intx_choose_qparams_algorithm="hqq_scale_only")
     with quiet(), torch.no_grad():
         quantize_(module, config, filter_fn=lambda m, _: isinstance(m, torch.nn.Linear))
@@ -338,15 +353,16 @@ def onnx_shear_nodes(model) -> list[str]:
     return names
 
 
-def nbits_matmuls(model, names: list[str], bits: int):
-    """The quantizer after replacing the MatMuls `names` by MatMulNBits (`bits`, WEIGHT_BLOCK)."""
+def nbits_matmuls(model, names: list[str], bits: int, block: int):
+    """The quantizer after replacing the MatMuls `names` by MatMulNBits (`bits`, `block`
+    weights per scale; a K that is not a multiple of it is padded by the quantizer)."""
     import logging
 
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     logging.getLogger(MatMulNBitsQuantizer.__module__).setLevel(logging.WARNING)  # per node
     # accuracy level 4: int8 activations inside the kernel, its fast path on x86 and ARM
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=WEIGHT_BLOCK, is_symmetric=True,
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block, is_symmetric=True,
                                      accuracy_level=4, nodes_to_include=names)
     quantizer.process()
     return quantizer.model
@@ -379,7 +395,8 @@ def quantize_onnx(model_proto, spec: QuantSpec, calibration_feeds: list[dict]) -
                       nodes_to_quantize=targets + shear,
                       op_types_to_quantize=["MatMul"] + (["Sub", "Mul", "Add"] if shear else []))
         if spec.scheme in BLOCK_BITS:
-            nbits_matmuls(prepared, targets, BLOCK_BITS[spec.scheme]).save_model_to_file(str(out))
+            nbits_matmuls(prepared, targets, BLOCK_BITS[spec.scheme],
+                          spec.group_size).save_model_to_file(str(out))
         elif spec.static:
             # Asymmetric activations, MinMax ranges, stored as uint8 (ONNX Runtime's U8S8, its
             # default; the same 256 levels as asymmetric int8, and the same quant-check numbers
