@@ -181,6 +181,7 @@ BAD_ARGS = [  # (template, option, values that must be refused)
     ("export", "--max-seq-len", ["0", "1", "-3", "100000000"]),
     ("export", "--target", ["tpu", ""]), ("export", "--quantize", ["int3", "fp8"]),
     ("export", "--form", ["eager"]), ("export", "--calibration-samples", ["0", "-1"]),
+    ("export", "--group-size", ["48", "0", "-32", "64"]),
 ]
 BAD_OUTPUTS = [  # (command, must a run refuse) in a folder holding model.pt and art/
     (["export", "model.pt", "--target", "onnx", "-o", "model.pt"], True),

@@ -26,6 +26,7 @@ from psa_edge.runtime.session import open_session
 
 DEFAULT = REPO / "models" / "psa-default.pt"
 STATIC, DYNAMIC, INT4 = QuantSpec("int8"), QuantSpec("int8-dynamic"), QuantSpec("int4")
+INT4_G128 = QuantSpec("int4", group_size=128)
 TINY_LEN = 48
 
 
@@ -63,7 +64,9 @@ def default_int8(tmp_path_factory, export_pool):
     out = {"onnx": root / "default-onnx-int8", "xnnpack": root / "default-xnnpack-int8",
            "int4": root / "default-onnx-int4", "xnnpack-int4": root / "default-xnnpack-int4",
            "int8-block": root / "default-onnx-int8-block",
-           "fused-int4": root / "default-onnx-int4-fused", "damaged": root / "damaged-onnx-int8"}
+           "fused-int4": root / "default-onnx-int4-fused", "damaged": root / "damaged-onnx-int8",
+           "int4-g128": root / "default-onnx-int4-g128",
+           "xnnpack-int4-g128": root / "default-xnnpack-int4-g128"}
     from psa_edge.export.pipeline import run_export as export
 
     futures = [export_pool.submit(export, ExportRequest(DEFAULT, target, out[name], form=form,
@@ -74,7 +77,9 @@ def default_int8(tmp_path_factory, export_pool):
                    ("int4", "onnx", INT4, "explicit-state"),
                    ("xnnpack-int4", "xnnpack", INT4, "explicit-state"),
                    ("int8-block", "onnx", QuantSpec("int8-block"), "explicit-state"),
-                   ("fused-int4", "onnx", INT4, "fused"))]
+                   ("fused-int4", "onnx", INT4, "fused"),
+                   ("int4-g128", "onnx", INT4_G128, "explicit-state"),
+                   ("xnnpack-int4-g128", "xnnpack", INT4_G128, "explicit-state"))]
     transform = pipeline.transform
 
     def damaging_transform(model, req):
@@ -117,22 +122,23 @@ def test_quant_check_passes_on_the_default_quantized_builds(default_int8, name, 
     assert manifest["size_bytes"] <= size * 2_000_000  # the float artifacts are 2.0-2.1 MB
 
 
-@pytest.mark.parametrize("name,bits,linears", [("int4", 4, 7), ("int8-block", 8, 7),
-                                                ("fused-int4", 4, 4)])
-def test_onnx_block_schemes_are_block_wise_matmulnbits(default_int8, name, bits, linears):
+@pytest.mark.parametrize("name,bits,linears,block", [
+    ("int4", 4, 7, 32), ("int8-block", 8, 7, 32), ("fused-int4", 4, 4, 32),
+    ("int4-g128", 4, 7, 128)])
+def test_onnx_block_schemes_are_block_wise_matmulnbits(default_int8, name, bits, linears, block):
     """Every weight MatMul (the layer's linears + lm_head; the fused form has q/k/v and
-    gate/up as one MatMul each) became a MatMulNBits of the scheme's bits in blocks of 32;
-    no float weight matrix is left for a linear."""
+    gate/up as one MatMul each) became a MatMulNBits of the scheme's bits in blocks of 32, or
+    of --group-size; no float weight matrix is left for a linear."""
     graph = onnx.load(str(model_file(default_int8[name]))).graph
     nbits = [{a.name: a.i for a in n.attribute} for n in graph.node if n.op_type == "MatMulNBits"]
     assert len(nbits) == linears + 1
-    assert all(a["bits"] == bits and a["block_size"] == 32 and a["accuracy_level"] == 4
+    assert all(a["bits"] == bits and a["block_size"] == block and a["accuracy_level"] == 4
                for a in nbits)
     weights = {i.name for i in graph.initializer}
     assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
     record = manifest_of(default_int8[name])["quantization"]
     assert record["scheme"] == ("int8-block" if bits == 8 else "int4")
-    assert f"int{bits} symmetric, blocks of 32" in record["weights"]
+    assert f"int{bits} symmetric, blocks of {block} along" in record["weights"]
 
 
 def test_quant_check_fails_on_a_damaged_build(default_int8):
@@ -207,15 +213,18 @@ def per_channel_4bit(model):
     return model
 
 
-def test_xnnpack_int4_runs_torchao_8da4w(default_int8):
+@pytest.mark.parametrize("name,group,other", [("xnnpack-int4", 32, 128),
+                                               ("xnnpack-int4-g128", 128, 32)])
+def test_xnnpack_int4_runs_torchao_8da4w(default_int8, name, group, other):
     """XNNPACK's int4 logits follow torchao's own eager 8da4w model (4-bit weights in groups of
-    32, int8 activations per token): several times closer to it than to fp32 or to 4-bit
-    weights with one scale per output channel, so the program runs the group-wise weights."""
+    32, or of --group-size, int8 activations per token): several times closer to it than to
+    fp32, to 4-bit weights with one scale per output channel or to 8da4w of the other group
+    size, so the program runs the group-wise weights of its group size."""
     from psa_edge.export.quantize import quantize_8da4w
 
     model = load_checkpoint(DEFAULT)[0].float().eval()
     tokens = np.random.default_rng(0).integers(0, model.cfg.vocab_size, 96)
-    built = open_session(default_int8["xnnpack-int4"]).feed(tokens)
+    built = open_session(default_int8[name]).feed(tokens)
 
     def rms_error(m):
         with torch.no_grad():
@@ -223,12 +232,12 @@ def test_xnnpack_int4_runs_torchao_8da4w(default_int8):
         logits = logits[0] if isinstance(logits, tuple) else logits
         return float(np.sqrt(((built - logits[0].numpy()) ** 2).mean()))
 
-    eager, channel = rms_error(quantize_8da4w(copy.deepcopy(model))), rms_error(
+    eager, channel = rms_error(quantize_8da4w(copy.deepcopy(model), group)), rms_error(
         per_channel_4bit(model))
-    fp32 = rms_error(model)
-    assert eager < 0.2 * min(channel, fp32), (eager, channel, fp32)
-    manifest = manifest_of(default_int8["xnnpack-int4"])
-    assert "groups of 32" in manifest["quantization"]["weights"]
+    fp32, regrouped = rms_error(model), rms_error(quantize_8da4w(copy.deepcopy(model), other))
+    assert eager < 0.2 * min(channel, fp32, regrouped), (eager, channel, fp32, regrouped)
+    manifest = manifest_of(default_int8[name])
+    assert f"groups of {group} along" in manifest["quantization"]["weights"]
     assert manifest["parity"]["min_agreement"] == 0.90
 
 
@@ -293,13 +302,16 @@ def test_int8_incremental_decoding_holds_under_chunking(int8, tiny_checkpoint):
     assert np.abs(whole - reference).max() <= checks.tolerance(reference, "int8")
 
 
-def test_xnnpack_int4_refuses_linears_not_in_groups_of_32(tmp_path):
-    """8da4w groups 32 inputs per scale: a hidden size of 48 is refused by name before anything
-    is written."""
+@pytest.mark.parametrize("hidden,spec", [(48, INT4), (64, INT4_G128)])
+def test_xnnpack_int4_refuses_linears_not_in_whole_groups(tmp_path, hidden, spec):
+    """8da4w groups 32 inputs per scale (or --group-size): a hidden size of 48, or of 64 in
+    groups of 128, is refused by name before anything is written."""
     path = tmp_path / "odd.pt"
-    save_checkpoint(path, make_model("key-only", hidden_size=48, intermediate_size=96), {})
-    with pytest.raises(ExportError, match="multiple of 32.*takes 48"):
-        run_export(ExportRequest(path, "xnnpack", tmp_path / "m", TINY_LEN, quant=INT4))
+    save_checkpoint(path, make_model("key-only", hidden_size=hidden,
+                                     intermediate_size=2 * hidden), {})
+    with pytest.raises(ExportError, match=f"multiple of its group size {spec.group_size}; "
+                                          f".*takes {hidden}"):
+        run_export(ExportRequest(path, "xnnpack", tmp_path / "m", TINY_LEN, quant=spec))
     assert sorted(os.listdir(tmp_path)) == ["odd.pt", "odd.pt.json"]
 
 
@@ -321,6 +333,9 @@ def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatc
     (QuantSpec("int4", keep_shear_fp32=False), "onnx", "dynamic"),
     (QuantSpec("int8", calibration_samples=0), "onnx", "must be positive"),
     (QuantSpec("int8-dynamic", keep_shear_fp32=False), "onnx", "dynamic"),
+    (QuantSpec("int4", group_size=48), "onnx", "power of two of at least 32, got 48"),
+    (QuantSpec("int8-block", group_size=16), "onnx", "power of two of at least 32, got 16"),
+    (QuantSpec("int8-dynamic", group_size=64), "onnx", "block-wise schemes"),
 ])
 def test_export_int8_bad_input(tiny_checkpoint, tmp_path, spec, target, message):
     with pytest.raises(ExportError, match=message):
@@ -328,11 +343,14 @@ def test_export_int8_bad_input(tiny_checkpoint, tmp_path, spec, target, message)
     assert os.listdir(tmp_path) == []
 
 
-def test_export_int8_bad_input_cli(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("args,message", [
+    (["--quantize", "int2"], "unknown quantization"),
+    (["--group-size", "64"], "--group-size needs --quantize int4 or int8-block"),
+    (["--quantize", "int4", "--group-size", "0"], "power of two of at least 32, got 0")])
+def test_export_int8_bad_input_cli(tiny_checkpoint, tmp_path, args, message):
     """The CLI's side of the contract: one line on stderr, exit 2, nothing written."""
-    result = cli("export", tiny_checkpoint, "-o", tmp_path / "m", "--target", "onnx",
-                 "--quantize", "int2")
-    assert result.returncode == 2 and "unknown quantization" in result.stderr
+    result = cli("export", tiny_checkpoint, "-o", tmp_path / "m", "--target", "onnx", *args)
+    assert result.returncode == 2 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
 
 

@@ -8,7 +8,8 @@ Python standard library of the interpreter that runs psa-edge (no download).
 `train`: a BPE on the corpus's training split (out/code/), then `psa-edge train --text` of the
 key-only model and of its twin (`--variant baseline`). `variants`: 1- and 2-layer baseline,
 key-only and symmetric models, cached in docs/real-variants/. `report`: the pair exported (ONNX,
-XNNPACK; fp32, int8, int4), quant-checked, benchmarked; both tables written.
+XNNPACK; fp32, int8-dynamic, int4 in groups of 32 and of 128), quant-checked, benchmarked; both
+tables written.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def report(args) -> None:
     rows, summaries = [], {}
     for name, checkpoint in ((n, c) for n, c in MODELS.items() if c.exists()):
         summaries[name] = json.loads(Path(f"{checkpoint}.json").read_text())["metadata"]
-        for target, quant in (("onnx", None), ("onnx", "int8-dynamic"), ("onnx", "int4"),
-                              ("xnnpack", None), ("xnnpack", "int8-dynamic"), ("xnnpack", "int4")):
+        for target, quant in ((t, q) for t in ("onnx", "xnnpack")
+                              for q in (None, "int8-dynamic", "int4", "int4-g128")):
             folder = export_once(checkpoint, CODE / f"{name}-{target}-{quant or 'fp32'}",
                                  target, quant, max_seq_len=256)
             check = psa_edge_json("quant-check", checkpoint, folder, "--samples", args.samples,
