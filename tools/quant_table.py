@@ -24,7 +24,7 @@ from psa_edge.export.quantize import QuantSpec
 QUANT_OUT = OUT / "quant"
 TARGETS = ("xnnpack", "onnx")
 SCHEMES = {name: QuantSpec(name) for name in ("int8", "int8-dynamic", "int8-block", "int4")}
-SCHEMES["int4-g128"] = QuantSpec("int4", group_size=128)  # --group-size 128: the faster prefill
+SCHEMES["int4-g128"] = QuantSpec("int4", group_size=128)  # --group-size 128
 SHEAR_INT8 = QuantSpec("int8", keep_shear_fp32=False)
 
 
