@@ -325,6 +325,14 @@ def test_failed_int8_parity_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatc
     assert os.listdir(tmp_path) == []
 
 
+def test_group_size_names_the_default_output():
+    """Two group sizes of one scheme do not overwrite each other's default folder."""
+    checkpoint = REPO / "m" / "model.pt"
+    assert ExportRequest(checkpoint, "onnx", quant=INT4).default_output().name == "model-onnx-int4"
+    assert (ExportRequest(checkpoint, "xnnpack", form="runner", quant=INT4_G128)
+            .default_output().name == "model-xnnpack-runner-int4-g128")
+
+
 @pytest.mark.parametrize("spec,target,message", [
     (QuantSpec("int2"), "onnx", "unknown quantization"),
     (STATIC, "portable", "its kernels"),
