@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FUZZ_CASES = 80
+# CI's sample: about 1.3 s a case at 2 jobs, in a suite held under 15 minutes; every class still
+# appears (asserted), and tools/fuzz.py runs the 2,000-case campaign
+FUZZ_CASES = 60
 
 
 def test_fuzzed_inputs_end_in_a_clean_result_or_a_one_line_refusal(checkpoints, artifacts):

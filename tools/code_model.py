@@ -113,6 +113,7 @@ def variant_table() -> tuple[str, str]:
 
 def report(args) -> None:
     rows, summaries = [], {}
+    CODE.mkdir(parents=True, exist_ok=True)  # a fresh clone that did not train has none
     for name, checkpoint in ((n, c) for n, c in MODELS.items() if c.exists()):
         summaries[name] = json.loads(Path(f"{checkpoint}.json").read_text())["metadata"]
         for target, quant in ((t, q) for t in ("onnx", "xnnpack")

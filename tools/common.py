@@ -161,7 +161,7 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
     from psa_edge.contract import GraphIO
     from psa_edge.errors import PsaEdgeError
     from psa_edge.export.pipeline import TARGETS, ExportRequest, run_export
-    from psa_edge.export.quantize import QuantSpec, calibration_record
+    from psa_edge.export.quantize import calibration_record
     from psa_edge.io import read_artifact, sha256_file
 
     spec = quant_spec(quant) if quant else None
