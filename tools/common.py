@@ -1,9 +1,8 @@
 """What the doc-making scripts share: paths, the machine they ran on, the CLI run as a user
 runs it, and the README blocks and pages they write. Every script runs with the project's
 interpreter (`.venv/bin/python tools/NAME.py`) and imports this module from its own folder.
-Two scripts lend pieces to others: `llama_cpp_bench` its llama.cpp build, GGUF files and
-llama-bench run (to depth_bench, huge_pages_bench --llama-cpp and last_logits_bench), and
-`shear_chain` its per-layer timing of the shear's ops (to bench_presets --runner).
+One script lends pieces to another: `shear_chain` its per-layer timing of the shear's ops
+(to bench_presets --runner).
 """
 
 from __future__ import annotations
@@ -51,10 +50,12 @@ def commit() -> str:
                           text=True, cwd=REPO).stdout.strip()
 
 
-def psa_edge(*args, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`psa-edge ARGS` with this interpreter, from the repository root."""
+def psa_edge(*args, check: bool = True, env: dict | None = None,
+             cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`psa-edge ARGS` with this interpreter, from the repository root (or from `cwd`: another
+    checkout's root runs that checkout's psa-edge)."""
     result = subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
-                            capture_output=True, text=True, cwd=REPO,
+                            capture_output=True, text=True, cwd=cwd,
                             env={**os.environ, **(env or {})})
     if check and result.returncode:
         raise SystemExit(f"psa-edge {' '.join(map(str, args))} failed:\n{result.stderr[-2000:]}")

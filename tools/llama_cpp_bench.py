@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -138,14 +137,11 @@ def gguf_builds(preset: str, binaries: Path) -> dict[str, Path]:
     return builds
 
 
-def llama_bench(binaries: Path, gguf_path: Path, threads: int, args, depth: int = 0,
-                extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
-    """llama-bench's tokens/s: "pp" (when args.p) and "tg", after `depth` cached tokens;
-    `extra` arguments (a load mode) and `env` variables added to its own."""
+def llama_bench(binaries: Path, gguf_path: Path, threads: int, args) -> dict:
+    """llama-bench's tokens/s: "pp" (when args.p) and "tg"."""
     out = subprocess.run([binaries / "llama-bench", "-m", gguf_path, "-p", str(args.p), "-n",
-                          str(args.n), "-r", str(args.r), "-t", str(threads), "-d", str(depth),
-                          *extra, "-o", "json"], check=True, capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}).stdout
+                          str(args.n), "-r", str(args.r), "-t", str(threads), "-o", "json"],
+                         check=True, capture_output=True, text=True).stdout
     tests = json.loads(out)
     rate = {("pp" if t["n_prompt"] else "tg"): t["avg_ts"] for t in tests}
     return {**rate, "build": f"{tests[0]['build_commit']} ({tests[0]['build_number']})",

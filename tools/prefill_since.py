@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 from common import (BENCH, MAX_LEN, OUT, REPO, artifact, bench_checkpoint, build_checkpoint,
-                    commit, machine, page_with_block, psa_edge_json, write_block)
+                    commit, machine, page_with_block, psa_edge, psa_edge_json, write_block)
 
 from psa_edge.model import PRESETS
 
@@ -52,11 +50,9 @@ def base_tree(rev: str) -> Path:
     return tree
 
 
-def base_cli(tree: Path, *args) -> subprocess.CompletedProcess:
-    """The base's `psa-edge ARGS`, run from its own tree."""
-    return subprocess.run([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=tree,
-                          env={**os.environ, "PYTHONPATH": str(tree)})
+def base_cli(tree: Path) -> dict:
+    """`common.psa_edge`'s arguments that run the base's psa-edge, from its own tree."""
+    return {"cwd": tree, "env": {"PYTHONPATH": str(tree)}}
 
 
 def base_artifact(tree: Path, rev: str, preset: str, target: str, quant: str | None,
@@ -68,9 +64,9 @@ def base_artifact(tree: Path, rev: str, preset: str, target: str, quant: str | N
         folder.parent.mkdir(parents=True, exist_ok=True)
         source = (bench_checkpoint(preset, "qc4w") if (target, quant) == ("xnnpack", "int4")
                   else build_checkpoint(preset, target, quant))
-        export = base_cli(tree, "export", source, "--target", target, "--form", form,
+        export = psa_edge("export", source, "--target", target, "--form", form,
                           *(["--quantize", quant] if quant else []), "--max-seq-len", MAX_LEN,
-                          "-o", folder)
+                          "-o", folder, check=False, **base_cli(tree))
         if export.returncode:
             print(f"{rev} does not export {folder.name}: {export.stderr.strip().splitlines()[-1]}",
                   flush=True)
@@ -112,15 +108,9 @@ def measure(args) -> list[dict]:
                    "base": args.base, "commit": commit(), "machine": machine(),
                    "tokens": args.p, "reps": args.r, "pp": {}}
             for (backend, when, form), folder in folders.items():
-                bench = ("bench", folder, "-p", args.p, "-n", 1, "-r", args.r,
-                         "--threads", threads, "--json")
-                if when == "base":
-                    run = base_cli(tree, *bench)
-                    if run.returncode:
-                        raise SystemExit(f"{args.base}'s bench failed: {run.stderr[-2000:]}")
-                    report = json.loads(run.stdout)
-                else:
-                    report = psa_edge_json(*bench[:-1])
+                report = psa_edge_json("bench", folder, "-p", args.p, "-n", 1, "-r", args.r,
+                                       "--threads", threads,
+                                       **(base_cli(tree) if when == "base" else {}))
                 row["pp"][f"{backend}|{when}|{form}"] = prefill_rate(report, args.p)
             rounds.append(row)
             print(json.dumps(row), flush=True)
