@@ -13,7 +13,8 @@ ONNX Runtime adds the fused form. Per round, each base build's `bench -p P -n 1 
 of today's; the table reports the median prefill tokens/s over rounds, each backend's fastest
 form today over its fastest at the base, and the lowest ratio of one form to itself. A form
 that does not take a scheme (the fused form and static int8), or a base build its exporter
-fails to make (the tool prints its error), is "-". "int4-g128" is today's int4 with
+fails to make (the tool prints its error, and keeps it beside the builds as NAME.refused so
+that a rerun does not export it again), is "-". "int4-g128" is today's int4 with
 `--group-size 128` against the base's int4.
 """
 
@@ -60,7 +61,9 @@ def base_artifact(tree: Path, rev: str, preset: str, target: str, quant: str | N
     """The base's build of a benchmark build's checkpoint (XNNPACK int4: the base's grid's),
     exported once; None, with the base's last line of error printed, where it fails."""
     folder = BENCH / f"base-{rev}" / artifact(preset, target, quant, False, form).name
-    if not (folder / "manifest.json").exists():
+    # the base's refusal, kept: a rerun does not spend minutes exporting it to fail again
+    refused = folder.with_name(folder.name + ".refused")
+    if not (folder / "manifest.json").exists() and not refused.exists():
         folder.parent.mkdir(parents=True, exist_ok=True)
         source = (bench_checkpoint(preset, "qc4w") if (target, quant) == ("xnnpack", "int4")
                   else build_checkpoint(preset, target, quant))
@@ -68,9 +71,10 @@ def base_artifact(tree: Path, rev: str, preset: str, target: str, quant: str | N
                           *(["--quantize", quant] if quant else []), "--max-seq-len", MAX_LEN,
                           "-o", folder, check=False, **base_cli(tree))
         if export.returncode:
-            print(f"{rev} does not export {folder.name}: {export.stderr.strip().splitlines()[-1]}",
-                  flush=True)
-            return None
+            refused.write_text(export.stderr.strip().splitlines()[-1] + "\n")
+    if refused.exists():
+        print(f"{rev} does not export {folder.name}: {refused.read_text().strip()}", flush=True)
+        return None
     return folder
 
 
