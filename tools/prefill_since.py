@@ -27,13 +27,13 @@ import subprocess
 from pathlib import Path
 
 from common import (BENCH, MAX_LEN, OUT, REPO, artifact, bench_checkpoint, build_checkpoint,
-                    commit, machine, page_with_block, psa_edge, psa_edge_json, write_block)
+                    commit, machine, page_with_block, psa_edge, psa_edge_json, quant_spec,
+                    write_block)
 
 from psa_edge.model import PRESETS
 
 BASE = "9389d90"
 PRECISIONS = ("fp32", "int8", "int8-dynamic", "int4", "int4-g128")
-BASE_SCHEME = {"int4-g128": "int4"}  # the base had one int4, with one scale per row on XNNPACK
 # backend -> (target, its forms at the base, its forms today)
 BACKENDS = {"ONNX Runtime": ("onnx", ("explicit-state",), ("explicit-state", "fused")),
             "XNNPACK": ("xnnpack", ("explicit-state", "runner"), ("explicit-state", "runner"))}
@@ -85,6 +85,8 @@ def prefill_rate(report: dict, tokens: int) -> float:
 def builds(tree: Path, rev: str, preset: str, precision: str) -> dict:
     """(backend, "base" | "today", form) -> build folder, for the forms that take the scheme."""
     quant = None if precision == "fp32" else precision
+    # the base had no --group-size: its build of a grouped scheme is the scheme's only build
+    base_quant = quant and quant_spec(quant).scheme
     out = {}
     for backend, (target, base_forms, today_forms) in BACKENDS.items():
         for when, forms in (("base", base_forms), ("today", today_forms)):
@@ -92,7 +94,7 @@ def builds(tree: Path, rev: str, preset: str, precision: str) -> dict:
                 if precision == "int8" and form not in TAKES_STATIC_INT8:
                     continue
                 out[backend, when, form] = (
-                    base_artifact(tree, rev, preset, target, BASE_SCHEME.get(quant, quant), form)
+                    base_artifact(tree, rev, preset, target, base_quant, form)
                     if when == "base" else artifact(preset, target, quant, False, form))
     return {key: folder for key, folder in out.items() if folder is not None}
 

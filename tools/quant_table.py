@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from common import DEFAULT_MODEL, OUT, machine, write_block, write_doc
+from common import DEFAULT_MODEL, OUT, machine, quant_spec, write_block, write_doc
 
 from psa_edge.checks import quant_check
 from psa_edge.export.pipeline import TARGETS as BACKENDS
@@ -23,8 +23,8 @@ from psa_edge.export.quantize import QuantSpec
 
 QUANT_OUT = OUT / "quant"
 TARGETS = ("xnnpack", "onnx")
-SCHEMES = {name: QuantSpec(name) for name in ("int8", "int8-dynamic", "int8-block", "int4")}
-SCHEMES["int4-g128"] = QuantSpec("int4", group_size=128)  # --group-size 128
+SCHEMES = {name: quant_spec(name)
+           for name in ("int8", "int8-dynamic", "int8-block", "int4", "int4-g128")}
 SHEAR_INT8 = QuantSpec("int8", keep_shear_fp32=False)
 
 
