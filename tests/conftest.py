@@ -1,12 +1,9 @@
-"""Shared fixtures: tiny models of each variant and their exported artifacts, built once per
-session (the export and runtime tests share the artifacts). Exports run two at a time in worker
-processes (`export_all`): lowering to ExecuTorch is most of the suite's time."""
+"""Shared helpers: tiny models of each variant, the artifact cases, the CLI in a subprocess.
+The session's exports are fixtures of the `exported` plugin (tests/exported.py)."""
 
-import multiprocessing
 import os
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from psa_edge.model import PSATransformer, preset_config  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 # The first-open checks (runtime.guard) remember what they checked: here, not in the user's home.
 os.environ["PSA_EDGE_CACHE"] = tempfile.mkdtemp(prefix="psa-edge-test-cache-")
+pytest_plugins = ["exported"]
 
 
 def make_model(variant="key-only", gamma=None, seed=0, **overrides):
@@ -53,63 +51,6 @@ CASES = {  # name -> (variant, target, twin, form)
     "fused": ("symmetric", "onnx", False, "fused"),
     "fused-twin": ("symmetric", "onnx", True, "fused"),
 }
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory):
-    from psa_edge.model.checkpoint import save_checkpoint
-
-    root = tmp_path_factory.mktemp("ckpt")
-    out = {}
-    for variant in ("symmetric", "key-only"):
-        # GQA (4 query heads over 2 KV heads) and 2 layers, so the I/O carries both.
-        model = make_model(variant, num_attention_heads=4, num_key_value_heads=2,
-                           num_hidden_layers=2)
-        out[variant] = root / f"{variant}.pt"
-        save_checkpoint(out[variant], model, {"task": {"name": "ih-sht", "params": {
-            "seq_len": 64, "alphabet": 64}}})
-    return out
-
-
-def one_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="session")
-def export_pool():
-    # spawn: a forked child of a process whose OpenMP pool is running can deadlock.
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=one_thread) as pool:
-        yield pool
-
-
-def export_all(pool, requests: dict) -> dict:
-    """Run `run_export` on every request in the pool; name -> artifact folder."""
-    from psa_edge.export.pipeline import run_export
-
-    # Longest first (two-method XNNPACK programs, then other ExecuTorch ones, then ONNX), so
-    # the two workers finish together.
-    cost = lambda item: (item[1].target != "xnnpack" or item[1].form == "runner",  # noqa: E731
-                         item[1].target == "onnx")
-    futures = {name: pool.submit(run_export, request)
-               for name, request in sorted(requests.items(), key=cost)}
-    for future in futures.values():
-        future.result()
-    return {name: request.output for name, request in requests.items()}
-
-
-@pytest.fixture(scope="session")
-def artifacts(checkpoints, tmp_path_factory, export_pool):
-    from psa_edge.export.pipeline import ExportRequest
-
-    root = tmp_path_factory.mktemp("artifacts")
-    return export_all(export_pool, {
-        name: ExportRequest(checkpoints[variant], target, root / name, MAX_LEN, twin, form)
-        for name, (variant, target, twin, form) in CASES.items()})
-
-
 
 
 def manifest_of(artifact):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli, export_all
+from conftest import cli
 from psa_edge.checks.reference import Reference
 from psa_edge.runtime.session import open_session
 
@@ -25,48 +25,6 @@ def hf_logits(folder, tokens, remote=False):
                                                  dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.as_tensor(tokens)[None]).logits[0].numpy()
-
-
-@pytest.fixture(scope="session")
-def hf_llama(tmp_path_factory):
-    """A small random LlamaForCausalLM (GQA, 2 layers) saved by transformers, weights scaled up
-    so that errors show, with a byte-level BPE tokenizer saved by PreTrainedTokenizerFast."""
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from psa_edge.tokenizer import train_bpe
-
-    folder = tmp_path_factory.mktemp("hf") / "llama"
-    tokenizer = train_bpe(["def f(x):\n    return x * 2\n" * 50, "import os\nprint(os.sep)\n"
-                           * 50], 384)
-    config = LlamaConfig(vocab_size=384, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, eos_token_id=tokenizer.eos_id,
-                         bos_token_id=None, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(8.0)
-    model.save_pretrained(str(folder))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer.hf, eos_token="<|endoftext|>")
-    fast.save_pretrained(str(folder))
-    return folder
-
-
-@pytest.fixture(scope="session")
-def imported(hf_llama, tmp_path_factory, export_pool):
-    from psa_edge.export.pipeline import ExportRequest
-
-    root = tmp_path_factory.mktemp("imported")
-    for name, args in (("twin", []), ("psa", ["--variant", "key-only"])):
-        result = cli("import-hf", hf_llama, "-o", root / f"{name}.pt", *args)
-        assert result.returncode == 0, result.stderr
-    folders = export_all(export_pool, {
-        "onnx": ExportRequest(root / "twin.pt", "onnx", root / "twin-onnx"),
-        "xnnpack": ExportRequest(root / "twin.pt", "xnnpack", root / "twin-xnnpack"),
-        "psa-onnx": ExportRequest(root / "psa.pt", "onnx", root / "psa-onnx")})
-    return {"twin": root / "twin.pt", "psa": root / "psa.pt", **folders}
 
 
 @pytest.mark.parametrize("name", ["onnx", "xnnpack"])

@@ -13,7 +13,8 @@ import onnx
 import pytest
 import torch
 
-from conftest import REPO, cli, copy_artifact, export_all, make_model, manifest_of, model_file
+from conftest import REPO, cli, copy_artifact, make_model, manifest_of, model_file
+from exported import DEFAULT, TINY_LEN
 from psa_edge.checks import reference as checks
 from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ExportError
@@ -24,80 +25,8 @@ from psa_edge.io import sha256_file
 from psa_edge.model.checkpoint import load_checkpoint, save_checkpoint
 from psa_edge.runtime.session import open_session
 
-DEFAULT = REPO / "models" / "psa-default.pt"
 STATIC, DYNAMIC, INT4 = QuantSpec("int8"), QuantSpec("int8-dynamic"), QuantSpec("int4")
 INT4_G128 = QuantSpec("int4", group_size=128)
-TINY_LEN = 48
-
-
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qckpt") / "tiny.pt"
-    model = make_model("key-only", num_attention_heads=4, num_key_value_heads=2,
-                       num_hidden_layers=2)
-    save_checkpoint(path, model, {"task": {"name": "ih-sht", "params": {"seq_len": 64,
-                                                                          "alphabet": 64}}})
-    return path
-
-
-@pytest.fixture(scope="session")
-def int8(tiny_checkpoint, tmp_path_factory, export_pool):
-    """Tiny-model int8 artifacts: name -> path."""
-    root = tmp_path_factory.mktemp("int8")
-    cases = {"onnx": ("onnx", STATIC, False), "onnx-seed1": ("onnx", QuantSpec("int8", seed=1),
-                                                             False),
-             "onnx-shear": ("onnx", QuantSpec("int8", keep_shear_fp32=False), False),
-             "onnx-twin": ("onnx", STATIC, True), "xnnpack-dynamic": ("xnnpack", DYNAMIC, False),
-             "xnnpack-shear": ("xnnpack", QuantSpec("int8", keep_shear_fp32=False), False)}
-    requests = {name: ExportRequest(tiny_checkpoint, target, root / name, TINY_LEN, twin,
-                                    quant=spec) for name, (target, spec, twin) in cases.items()}
-    requests["runner-dynamic"] = ExportRequest(tiny_checkpoint, "xnnpack", root / "runner",
-                                               TINY_LEN, False, "runner", quant=DYNAMIC)
-    return export_all(export_pool, requests)
-
-
-@pytest.fixture(scope="session")
-def default_int8(tmp_path_factory, export_pool):
-    """The default model's ONNX and XNNPACK static int8 builds, and an ONNX int8 build whose
-    weights were perturbed before export while its manifest still names the default model."""
-    root = tmp_path_factory.mktemp("default-int8")
-    out = {"onnx": root / "default-onnx-int8", "xnnpack": root / "default-xnnpack-int8",
-           "int4": root / "default-onnx-int4", "xnnpack-int4": root / "default-xnnpack-int4",
-           "int8-block": root / "default-onnx-int8-block",
-           "fused-int4": root / "default-onnx-int4-fused", "damaged": root / "damaged-onnx-int8",
-           "int4-g128": root / "default-onnx-int4-g128",
-           "xnnpack-int4-g128": root / "default-xnnpack-int4-g128"}
-    from psa_edge.export.pipeline import run_export as export
-
-    futures = [export_pool.submit(export, ExportRequest(DEFAULT, target, out[name], form=form,
-                                                        quant=spec))
-               for name, target, spec, form in (
-                   ("onnx", "onnx", STATIC, "explicit-state"),
-                   ("xnnpack", "xnnpack", STATIC, "explicit-state"),
-                   ("int4", "onnx", INT4, "explicit-state"),
-                   ("xnnpack-int4", "xnnpack", INT4, "explicit-state"),
-                   ("int8-block", "onnx", QuantSpec("int8-block"), "explicit-state"),
-                   ("fused-int4", "onnx", INT4, "fused"),
-                   ("int4-g128", "onnx", INT4_G128, "explicit-state"),
-                   ("xnnpack-int4-g128", "xnnpack", INT4_G128, "explicit-state"))]
-    transform = pipeline.transform
-
-    def damaging_transform(model, req):
-        model = transform(model, req)
-        with torch.no_grad():
-            generator = torch.Generator().manual_seed(0)
-            weight = model.model.layers[0].self_attn.k_proj.weight
-            weight.add_(0.6 * weight.std() * torch.randn(weight.shape, generator=generator))
-        return model
-
-    pipeline.transform = damaging_transform
-    try:  # in this process, beside the two in the pool
-        run_export(ExportRequest(DEFAULT, "onnx", out["damaged"], quant=STATIC))
-    finally:
-        pipeline.transform = transform
-    for future in futures:
-        future.result()
-    return out
 
 
 @pytest.mark.parametrize("name,scheme,min_top1,size", [("onnx", "int8", 0.98, 0.35),

@@ -2,7 +2,6 @@
 (read back by Hugging Face `tokenizers`, `PreTrainedTokenizerFast` and ExecuTorch's
 `TextLLMRunner`), the metrics against hand computations, text generation, and bad input."""
 
-import email
 import json
 import os
 import shutil
@@ -14,38 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli, export_all, make_model
+from conftest import cli, make_model
 from psa_edge.tasks.text import copy_positions
 
 SNIPPET = "def parse(self, text):\n    return json.loads(text)  # ünïcode ✓\n"
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory):
-    """Real text: a copy of the standard library's `email` and `json` packages."""
-    root = tmp_path_factory.mktemp("corpus")
-    for package in (email, json):
-        shutil.copytree(Path(package.__file__).parent, root / package.__name__,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    return root
-
-
-@pytest.fixture(scope="session")
-def text_model(corpus, tmp_path_factory, export_pool):
-    """A tiny key-only language model trained a few steps on the corpus, and its ONNX and
-    runner-form exports."""
-    root = tmp_path_factory.mktemp("text")
-    out = root / "code.pt"
-    result = cli("train", "--text", corpus, "--preset", "tiny", "--vocab-size", "384",
-                 "--seq-len", "64", "--steps", "40", "--batch-size", "16", "--eval-every",
-                 "20", "--eval-samples", "16", "--device", "cpu", "-o", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    from psa_edge.export.pipeline import ExportRequest
-
-    folders = export_all(export_pool, {
-        "onnx": ExportRequest(out, "onnx", root / "onnx"),
-        "runner": ExportRequest(out, "portable", root / "runner", form="runner")})
-    return {"checkpoint": out, **folders}
 
 
 def test_the_checkpoint_records_its_corpus_and_carries_its_tokenizer(text_model, corpus):
