@@ -18,11 +18,14 @@ from pathlib import Path
 import pytest
 
 from conftest import CASES, MAX_LEN, REPO, cli, make_model
+from psa_edge.export.quantize import QuantSpec
 
 DEFAULT = REPO / "models" / "psa-default.pt"
 TINY_LEN = 48
-# In the order their first readers run, so that the first of them waits least.
-EXPORT_FIXTURES = ("artifacts", "imported", "int8", "default_int8", "text_model")
+STATIC, DYNAMIC, INT4 = QuantSpec("int8"), QuantSpec("int8-dynamic"), QuantSpec("int4")
+INT4_G128 = QuantSpec("int4", group_size=128)
+# In the order their first readers run (after the sort below), so that the first waits least.
+EXPORT_FIXTURES = ("artifacts", "imported", "default_int8", "int8", "text_model")
 
 
 class Exports(Mapping):
@@ -160,19 +163,17 @@ def tiny_checkpoint(tmp_path_factory):
 def int8(tiny_checkpoint, tmp_path_factory, export_pool):
     """Tiny-model int8 artifacts: name -> folder."""
     from psa_edge.export.pipeline import ExportRequest
-    from psa_edge.export.quantize import QuantSpec
 
-    static, dynamic = QuantSpec("int8"), QuantSpec("int8-dynamic")
     root = tmp_path_factory.mktemp("int8")
-    cases = {"onnx": ("onnx", static, False), "onnx-seed1": ("onnx", QuantSpec("int8", seed=1),
+    cases = {"onnx": ("onnx", STATIC, False), "onnx-seed1": ("onnx", QuantSpec("int8", seed=1),
                                                              False),
              "onnx-shear": ("onnx", QuantSpec("int8", keep_shear_fp32=False), False),
-             "onnx-twin": ("onnx", static, True), "xnnpack-dynamic": ("xnnpack", dynamic, False),
+             "onnx-twin": ("onnx", STATIC, True), "xnnpack-dynamic": ("xnnpack", DYNAMIC, False),
              "xnnpack-shear": ("xnnpack", QuantSpec("int8", keep_shear_fp32=False), False)}
     requests = {name: ExportRequest(tiny_checkpoint, target, root / name, TINY_LEN, twin,
                                     quant=spec) for name, (target, spec, twin) in cases.items()}
     requests["runner-dynamic"] = ExportRequest(tiny_checkpoint, "xnnpack", root / "runner",
-                                               TINY_LEN, False, "runner", quant=dynamic)
+                                               TINY_LEN, False, "runner", quant=DYNAMIC)
     return export_all(export_pool, requests)
 
 
@@ -181,23 +182,20 @@ def default_int8(tmp_path_factory, export_pool):
     """The default model's quantized builds, and an ONNX int8 build whose weights were
     perturbed before export while its manifest still names the default model ("damaged")."""
     from psa_edge.export.pipeline import ExportRequest
-    from psa_edge.export.quantize import QuantSpec
 
-    static, int4 = QuantSpec("int8"), QuantSpec("int4")
-    int4_g128 = QuantSpec("int4", group_size=128)
     root = tmp_path_factory.mktemp("default-int8")
     exports = export_all(export_pool, {
         name: ExportRequest(DEFAULT, target, root / f"default-{name}", form=form, quant=spec)
         for name, target, spec, form in (
-            ("onnx", "onnx", static, "explicit-state"),
-            ("xnnpack", "xnnpack", static, "explicit-state"),
-            ("int4", "onnx", int4, "explicit-state"),
-            ("xnnpack-int4", "xnnpack", int4, "explicit-state"),
+            ("onnx", "onnx", STATIC, "explicit-state"),
+            ("xnnpack", "xnnpack", STATIC, "explicit-state"),
+            ("int4", "onnx", INT4, "explicit-state"),
+            ("xnnpack-int4", "xnnpack", INT4, "explicit-state"),
             ("int8-block", "onnx", QuantSpec("int8-block"), "explicit-state"),
-            ("fused-int4", "onnx", int4, "fused"),
-            ("int4-g128", "onnx", int4_g128, "explicit-state"),
-            ("xnnpack-int4-g128", "xnnpack", int4_g128, "explicit-state"))})
-    damaged = ExportRequest(DEFAULT, "onnx", root / "damaged-onnx-int8", quant=static)
+            ("fused-int4", "onnx", INT4, "fused"),
+            ("int4-g128", "onnx", INT4_G128, "explicit-state"),
+            ("xnnpack-int4-g128", "xnnpack", INT4_G128, "explicit-state"))})
+    damaged = ExportRequest(DEFAULT, "onnx", root / "damaged-onnx-int8", quant=STATIC)
     exports.add("damaged", damaged.output, export_pool.submit(export_damaged, damaged))
     return exports
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO, cli, copy_artifact, make_model, manifest_of, model_file
-from exported import DEFAULT, TINY_LEN
+from exported import DEFAULT, INT4, INT4_G128, STATIC, TINY_LEN
 from psa_edge.checks import reference as checks
 from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ExportError
@@ -25,8 +25,6 @@ from psa_edge.io import sha256_file
 from psa_edge.model.checkpoint import load_checkpoint, save_checkpoint
 from psa_edge.runtime.session import open_session
 
-STATIC, DYNAMIC, INT4 = QuantSpec("int8"), QuantSpec("int8-dynamic"), QuantSpec("int4")
-INT4_G128 = QuantSpec("int4", group_size=128)
 
 
 @pytest.mark.parametrize("name,scheme,min_top1,size", [("onnx", "int8", 0.98, 0.35),

@@ -39,6 +39,7 @@ VARIANTS = ["--preset", "psa-1m", "--seq-len", "256", "--batch-size", "16", "--l
 ROWS = [(v, layers) for layers in (1, 2) for v in ("baseline", "key-only", "symmetric")]
 SEEDS = (0, 1)
 PRECISIONS = (None, "int8-dynamic", "int4", "int4-g128")  # None: fp32
+DECODE_BENCH = ("-p", "128", "-n", "128", "-r", "3")  # tg128: the decode column
 
 
 def tokenizer(vocab: int) -> Path:
@@ -130,8 +131,8 @@ def report(args) -> None:
     speeds = {key: [] for key in builds}
     for round_ in range(args.rounds):
         for key in sorted(builds, key=lambda k: (k[1], k[2], k[0])):
-            speeds[key].append(psa_edge_json("bench", builds[key][0], "-p", 128, "-n", 128,
-                                             "-r", 3, "--threads", 1)["results"][0])
+            speeds[key].append(psa_edge_json("bench", builds[key][0], *DECODE_BENCH,
+                                             "--threads", 1)["results"][0])
         print("round", round_ + 1, "of", args.rounds, flush=True)
     rows = [(*key, check, speeds[key]) for key, (_, check) in builds.items()]
     write_report(rows, summaries, args)
@@ -154,9 +155,10 @@ def write_report(rows, summaries, args) -> None:
                f"{'PASS' if check['passed'] else 'FAIL'} |" if m else "| | | |"))
     lead = [decode["twin", t, q] / decode["psa", t, q] for n, t, q in decode if n == "psa"
             and ("twin", t, q) in decode]
-    speed_note = (f"Decode: the default export form (explicit state), `psa-edge bench -p 128 -n "
-                  f"128 -r 3`, the median of {args.rounds} rounds in which each PSA build and its "
-                  f"twin's take turns. The twin decodes {min(lead):.2f}-{max(lead):.2f}x as fast: "
+    speed_note = (f"Decode: the default export form (explicit state), `psa-edge bench "
+                  f"{' '.join(DECODE_BENCH)}`, the median of {args.rounds} rounds in which each "
+                  f"PSA build and its twin's take turns. The twin decodes "
+                  f"{min(lead):.2f}-{max(lead):.2f}x as fast: "
                   "at psa-4m's size the shear's few elementwise operators per layer are a "
                   "measurable part of a token, as docs/decode-profile.md measures them.\n"
                   if lead else "")
