@@ -21,7 +21,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from common import OUT, artifact, bench_checkpoint, machine, psa_edge_json, write_block
+from common import OUT, artifact, bench_checkpoint, commit, machine, psa_edge_json, write_block
 
 from psa_edge.model import PRESETS
 
@@ -175,7 +175,7 @@ def measure(args) -> list[dict]:
             for name, build in case["ours"].items():
                 row[name] = psa_edge_bench(build, case["threads"], args)
             rounds.append({k: v for k, v in case.items() if k not in ("gguf", "ours")}
-                          | row | {"machine": machine()})
+                          | row | {"machine": machine(), "commit": commit()})
             print(json.dumps(rounds[-1], default=str), flush=True)
     return rounds
 
@@ -191,6 +191,13 @@ def cases_of(rounds: list[dict]) -> list[tuple[str, str, int]]:
                   key=lambda k: (list(PRESETS).index(k[0]), list(PRECISIONS).index(k[1]), k[2]))
 
 
+def medians(runs: list[dict], test: str) -> dict[str, float]:
+    """Each build's median tokens/s over the rounds of one case: llama.cpp and psa-edge's
+    columns."""
+    return {name: statistics.median(r[name][test] for r in runs)
+            for name in runs[0] if isinstance(runs[0][name], dict)}
+
+
 def table(rounds: list[dict], args) -> str:
     """Tokens/s per preset, precision, thread count and test (median over rounds), each build's
     column, the best psa-edge build over llama.cpp's, and the peak RSS of the bench processes
@@ -202,8 +209,7 @@ def table(rounds: list[dict], args) -> str:
     for preset, precision, threads in cases_of(rounds):
         runs = runs_of(rounds, preset, precision, threads)
         for test in ("pp", "tg"):
-            med = {name: statistics.median(r[name][test] for r in runs)
-                   for name in runs[0] if isinstance(runs[0][name], dict)}
+            med = medians(runs, test)
             ours = {c: med[c] for c in COLUMNS if c in med}
             cells = " | ".join(f"{ours[c]:.0f}" if c in ours else "-" for c in COLUMNS)
             rss = [" / ".join(f"{min(r[c]['rss'] for r in runs) / 1e6:.0f}" if c in runs[0]
@@ -214,6 +220,93 @@ def table(rounds: list[dict], args) -> str:
                          f"{med['llama.cpp']:.0f} | {cells} | "
                          f"**{max(ours.values()) / med['llama.cpp']:.2f}** | {' | '.join(rss)} |")
     return "\n".join(lines)
+
+
+# The decode goal: psa-edge's fastest build at least llama.cpp's, psa-4m's at least this share.
+DECODE_BAR = {"psa-4m": 0.8}
+
+
+def ratios(rounds: list[dict]) -> dict[tuple, dict[str, float]]:
+    """(preset, precision, threads, test) -> each psa-edge column's median tokens/s over
+    llama.cpp's."""
+    out = {}
+    for case in cases_of(rounds):
+        for test in ("pp", "tg"):
+            med = medians(runs_of(rounds, *case), test)
+            out[case + (test,)] = {c: med[c] / med["llama.cpp"] for c in COLUMNS if c in med}
+    return out
+
+
+def row_name(preset: str, precision: str, threads: int) -> str:
+    return f"{preset} {precision} {threads} thread{'s' * (threads > 1)}"
+
+
+def goal_lines(ratio: dict[tuple, dict[str, float]]) -> list[str]:
+    """The rows short of the goal: decode at least llama.cpp's (psa-4m at least DECODE_BAR of
+    it) and prefill at least llama.cpp's, on psa-edge's fastest build of the row."""
+    lines = []
+    for test, goal in (("tg", "Decode at least llama.cpp's (psa-4m: at least 0.8 of it)"),
+                       ("pp", "Prefill at least llama.cpp's")):
+        rows = {key[:3]: max(r.values()) for key, r in ratio.items() if key[3] == test}
+        bar = {key: DECODE_BAR.get(key[0], 1.0) if test == "tg" else 1.0 for key in rows}
+        short = [f"{row_name(*key)} {best:.2f}" for key, best in rows.items() if best < bar[key]]
+        lines.append(f"{goal}: {len(rows) - len(short)} of {len(rows)} rows"
+                     + (f"; short of it: {', '.join(short)}." if short else "."))
+    return lines
+
+
+def fastest_line(ratio: dict[tuple, dict[str, float]]) -> str:
+    """How many decode rows each build is psa-edge's fastest in, and how many at 1 thread."""
+    fastest = {key: max(r, key=r.get) for key, r in ratio.items() if key[3] == "tg"}
+    counts = []
+    for column in COLUMNS:
+        rows = [key for key, c in fastest.items() if c == column]
+        if rows:
+            alone = sum(key[2] == 1 for key in rows)
+            counts.append(f"{COLUMNS[column]} in {len(rows)} ({alone} at 1 thread)")
+    ones = sum(key[2] == 1 for key in fastest)
+    return (f"psa-edge's fastest decode, of {len(fastest)} rows ({ones} at 1 thread): "
+            + "; ".join(counts) + ".")
+
+
+def int4_prefill_line(ratio: dict[tuple, dict[str, float]]) -> str | None:
+    """int4 prefill over llama.cpp's Q4_0 on the presets above psa-4m, each build's range."""
+    keys = [key for key in ratio if key[1] == "int4" and key[3] == "pp" and key[0] != "psa-4m"]
+    if not keys:
+        return None
+    spans = []
+    for column in COLUMNS:
+        values = [ratio[key][column] for key in keys if column in ratio[key]]
+        if values:
+            spans.append(f"{COLUMNS[column]} {min(values):.2f}-{max(values):.2f}x")
+    presets = sorted({key[0] for key in keys}, key=list(PRESETS).index)
+    return f"int4 prefill over llama.cpp's Q4_0, {' and '.join(presets)}: {'; '.join(spans)}."
+
+
+def second_thread_line(rounds: list[dict]) -> str | None:
+    """int4 decode at 2 threads over 1 thread, per preset: llama.cpp, ONNX Runtime's fused
+    form and XNNPACK's runner form."""
+    parts = []
+    for preset in sorted({r["preset"] for r in rounds}, key=list(PRESETS).index):
+        one, two = (runs_of(rounds, preset, "int4", t) for t in (1, 2))
+        if not (one and two):
+            continue
+        gain = {name: medians(two, "tg")[name] / medians(one, "tg")[name]
+                for name in ("llama.cpp", "onnx-fused", "xnnpack-runner")}
+        parts.append(f"{preset} {gain['llama.cpp']:.2f}x / {gain['onnx-fused']:.2f}x / "
+                     f"{gain['xnnpack-runner']:.2f}x")
+    if not parts:
+        return None
+    return ("int4 decode at 2 threads over 1 thread, llama.cpp / ONNX Runtime's fused form / "
+            "XNNPACK's runner form: " + "; ".join(parts) + ".")
+
+
+def findings(rounds: list[dict]) -> str:
+    """The block's findings, computed from its rows, as a list."""
+    ratio = ratios(rounds)
+    lines = goal_lines(ratio) + [fastest_line(ratio), int4_prefill_line(ratio),
+                                 second_thread_line(rounds)]
+    return "\n".join(f"- {line}" for line in lines if line)
 
 
 # the operators of a weight matrix product (int8-dynamic: the activations' quantization too)
@@ -245,6 +338,28 @@ def profiles(rounds: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def page(rounds: list[dict], args) -> str:
+    """The block: how it was measured, its findings, the table and the decode profile."""
+    first = rounds[0]["llama.cpp"]
+    measured_rounds = min(len(runs_of(rounds, *case)) for case in cases_of(rounds))
+    commits = sorted({r.get("commit", "not recorded") for r in rounds})
+    return (f"{rounds[0].get('machine', machine())}, psa-edge at commit {', '.join(commits)}; "
+            f"llama.cpp {first['build']} from llama-cpp-python {LLAMA_CPP_PYTHON}'s source, "
+            f"built with cmake (Release, native). Tokens/s, median of {measured_rounds} "
+            f"round{'s' * (measured_rounds > 1)} of llama-bench and `psa-edge bench` taking "
+            f"turns, each -p {args.p} -n {args.n} -r {args.r}; random weights, PSA key-only 0.8 "
+            f"against llama.cpp's GGUF of its twin. Peak RSS: the bench process's VmHWM (its "
+            f"smallest over rounds): ONNX Runtime's fused / explicit-state form, and ExecuTorch "
+            f"XNNPACK's runner / explicit-state form (processes that also hold torch, which "
+            f"ExecuTorch's Python runtime imports), all at max length 512. Computed from the "
+            f"table:\n\n" + findings(rounds) + "\n\n"
+            + table(rounds, args) + "\n\nWhere a decoded token's time goes, 1 thread, "
+            f"-p {args.p} -n {args.n} (microseconds per token; the operator columns are "
+            f"ONNX Runtime's profile, whose own cost per node inflates the small operators "
+            f"most, `psa-edge bench --profile`):\n\n"
+            + profiles(rounds, args) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["psa-4m", "psa-30m", "psa-92m"])
@@ -268,23 +383,7 @@ def main() -> None:
                              f"{machine()}: measure every preset and precision here, or remove it")
         rounds = kept + measure(args)
         results.write_text(json.dumps(rounds, indent=1, default=str))
-    first = rounds[0]["llama.cpp"]
-    measured_rounds = min(len(runs_of(rounds, *case)) for case in cases_of(rounds))
-    block = (f"{rounds[0].get('machine', machine())}; llama.cpp {first['build']} from "
-             f"llama-cpp-python "
-             f"{LLAMA_CPP_PYTHON}'s source, built with cmake (Release, native). Tokens/s, median "
-             f"of {measured_rounds} round{'s' * (measured_rounds > 1)} of llama-bench and "
-             f"`psa-edge bench` taking turns, each "
-             f"-p {args.p} -n {args.n} -r {args.r}; random weights, PSA key-only 0.8 against "
-             f"llama.cpp's GGUF of its twin. Peak RSS: the bench process's VmHWM (its smallest "
-             f"over rounds): ONNX Runtime's fused / explicit-state form, and ExecuTorch XNNPACK's "
-             f"runner / explicit-state form (processes that also hold torch, which ExecuTorch's "
-             f"Python runtime imports), all at max length 512.\n\n"
-             + table(rounds, args) + "\n\nWhere a decoded token's time goes, 1 thread, "
-             f"-p {args.p} -n {args.n} (microseconds per token; the operator columns are "
-             f"ONNX Runtime's profile, whose own cost per node inflates the small operators "
-             f"most, `psa-edge bench --profile`):\n\n"
-             + profiles(rounds, args) + "\n")
+    block = page(rounds, args)
     write_block("llama-cpp", block, "docs/benchmarks.md")
     print(block)
 
