@@ -245,7 +245,8 @@ def goal_lines(ratio: dict[tuple, dict[str, float]]) -> list[str]:
     """The rows short of the goal: decode at least llama.cpp's (psa-4m at least DECODE_BAR of
     it) and prefill at least llama.cpp's, on psa-edge's fastest build of the row."""
     lines = []
-    for test, goal in (("tg", "Decode at least llama.cpp's (psa-4m: at least 0.8 of it)"),
+    shares = "; ".join(f"{preset}: at least {share} of it" for preset, share in DECODE_BAR.items())
+    for test, goal in (("tg", f"Decode at least llama.cpp's ({shares})"),
                        ("pp", "Prefill at least llama.cpp's")):
         rows = {key[:3]: max(r.values()) for key, r in ratio.items() if key[3] == test}
         bar = {key: DECODE_BAR.get(key[0], 1.0) if test == "tg" else 1.0 for key in rows}
@@ -278,7 +279,8 @@ def int4_prefill_line(ratio: dict[tuple, dict[str, float]]) -> str | None:
     for column in COLUMNS:
         values = [ratio[key][column] for key in keys if column in ratio[key]]
         if values:
-            spans.append(f"{COLUMNS[column]} {min(values):.2f}-{max(values):.2f}x")
+            low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+            spans.append(f"{COLUMNS[column]} {low if low == high else f'{low}-{high}'}x")
     presets = sorted({key[0] for key in keys}, key=list(PRESETS).index)
     return f"int4 prefill over llama.cpp's Q4_0, {' and '.join(presets)}: {'; '.join(spans)}."
 
