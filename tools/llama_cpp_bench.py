@@ -316,35 +316,53 @@ LINEAR_OPS = ("MatMul", "MatMulNBits", "DynamicQuantizeMatMul", "MatMulInteger",
               "DynamicQuantizeLinear")
 
 
-def profiles(rounds: list[dict], args) -> str:
+def profile_key(preset: str, precision: str) -> str:
+    return f"{preset} {precision}"
+
+
+def measure_profiles(rounds: list[dict], stored: dict, args) -> dict:
+    """The stored profiles, with `psa-edge bench --profile` of the fused form at 1 thread run
+    for each 1-thread case of the rounds that has none."""
+    profiles = dict(stored)
+    for preset, precision, _ in (case for case in cases_of(rounds) if case[2] == 1):
+        if profile_key(preset, precision) in profiles:
+            continue
+        target, quant, form = PRECISIONS[precision][1]["onnx-fused"]
+        report = psa_edge_json("bench", artifact(preset, target, quant, False, form),
+                               "--profile", "-p", args.p, "-n", args.n, "--threads", 1)
+        profiles[profile_key(preset, precision)] = {
+            key: report[key] for key in ("wall_us_per_token", "kernel_us_per_token",
+                                         "outside_ort_us_per_token")} | {"commit": commit()}
+    return profiles
+
+
+def profile_table(rounds: list[dict], profiles: dict) -> str:
     """Where a fused-form token's time goes at 1 thread (`psa-edge bench --profile`, whose
     profiler adds its own cost to every node), beside llama.cpp's whole token."""
     lines = ["| preset | precision | llama.cpp token | psa-edge token (fused form): unprofiled "
              "/ profiled | weight MatMuls | GroupQueryAttention | other operators | outside "
              "ONNX Runtime |", "|" + "---|" * 8]
     for preset, precision, _ in (case for case in cases_of(rounds) if case[2] == 1):
-        kind, builds = PRECISIONS[precision]
-        runs = runs_of(rounds, preset, precision, 1)
-        target, quant, form = builds["onnx-fused"]
-        report = psa_edge_json("bench", artifact(preset, target, quant, False, form),
-                               "--profile", "-p", args.p, "-n", args.n, "--threads", 1)
+        report = profiles[profile_key(preset, precision)]
         ops = report["kernel_us_per_token"]
         weights = sum(ops.get(op, 0) for op in LINEAR_OPS)
         attention = ops.get("GroupQueryAttention", 0)
-        llama, ours = (statistics.median(1e6 / r[name]["tg"] for r in runs)
+        llama, ours = (statistics.median(1e6 / r[name]["tg"]
+                                         for r in runs_of(rounds, preset, precision, 1))
                        for name in ("llama.cpp", "onnx-fused"))
-        lines.append(f"| {preset} | {precision} / {kind} | {llama:.0f} | {ours:.0f} / "
-                     f"{report['wall_us_per_token']:.0f} | {weights:.0f} | {attention:.0f} | "
-                     f"{sum(ops.values()) - weights - attention:.0f} | "
+        lines.append(f"| {preset} | {precision} / {PRECISIONS[precision][0]} | {llama:.0f} | "
+                     f"{ours:.0f} / {report['wall_us_per_token']:.0f} | {weights:.0f} | "
+                     f"{attention:.0f} | {sum(ops.values()) - weights - attention:.0f} | "
                      f"{report['outside_ort_us_per_token']:.0f} |")
     return "\n".join(lines)
 
 
-def page(rounds: list[dict], args) -> str:
+def page(rounds: list[dict], profiles: dict, args) -> str:
     """The block: how it was measured, its findings, the table and the decode profile."""
     first = rounds[0]["llama.cpp"]
     measured_rounds = min(len(runs_of(rounds, *case)) for case in cases_of(rounds))
     commits = sorted({r.get("commit", "not recorded") for r in rounds})
+    profiled_at = sorted({report["commit"] for report in profiles.values()})
     return (f"{rounds[0].get('machine', machine())}, psa-edge at commit {', '.join(commits)}; "
             f"llama.cpp {first['build']} from llama-cpp-python {LLAMA_CPP_PYTHON}'s source, "
             f"built with cmake (Release, native). Tokens/s, median of {measured_rounds} "
@@ -358,8 +376,8 @@ def page(rounds: list[dict], args) -> str:
             + table(rounds, args) + "\n\nWhere a decoded token's time goes, 1 thread, "
             f"-p {args.p} -n {args.n} (microseconds per token; the operator columns are "
             f"ONNX Runtime's profile, whose own cost per node inflates the small operators "
-            f"most, `psa-edge bench --profile`):\n\n"
-            + profiles(rounds, args) + "\n")
+            f"most, `psa-edge bench --profile`, at commit {', '.join(profiled_at)}):\n\n"
+            + profile_table(rounds, profiles) + "\n")
 
 
 def main() -> None:
@@ -372,10 +390,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS),
                         default=list(PRECISIONS), help="measure these, keep the others' results")
-    parser.add_argument("--render", action="store_true", help="the page from the last results")
+    parser.add_argument("--render", action="store_true",
+                        help="the page from the last results (profiling only cases not yet "
+                        "profiled)")
     args = parser.parse_args()
-    results = FOLDER / "results.json"
+    results, profiled = FOLDER / "results.json", FOLDER / "profiles.json"
     rounds = json.loads(results.read_text()) if results.exists() else []
+    profiles = json.loads(profiled.read_text()) if profiled.exists() else {}
     if not args.render:
         kept = [r for r in rounds if r["precision"] not in args.precisions
                 or r["preset"] not in args.presets]
@@ -385,7 +406,11 @@ def main() -> None:
                              f"{machine()}: measure every preset and precision here, or remove it")
         rounds = kept + measure(args)
         results.write_text(json.dumps(rounds, indent=1, default=str))
-    block = page(rounds, args)
+        profiles = {key: report for key, report in profiles.items()
+                    if key in {profile_key(r["preset"], r["precision"]) for r in kept}}
+    profiles = measure_profiles(rounds, profiles, args)
+    profiled.write_text(json.dumps(profiles, indent=1))
+    block = page(rounds, profiles, args)
     write_block("llama-cpp", block, "docs/benchmarks.md")
     print(block)
 
