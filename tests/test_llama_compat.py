@@ -34,36 +34,33 @@ def test_twin_loads_into_transformers_llama():
 
 
 def test_gguf_rows_make_llamas_pairwise_rope_compute_rotate_half():
-    """llama.cpp rotates pairs (2i, 2i+1) by frequency i; Hugging Face rotates (i, i + dh/2).
-    The GGUF writer's row order makes the two give the same attention scores."""
+    """llama.cpp rotates pairs (2i, 2i+1) by frequency i; Hugging Face rotates (i, i + dh/2)
+    (numpy_reference.rope). The GGUF writer's row order makes the two give the same attention
+    scores."""
     import numpy as np
 
     from llama_cpp_bench import interleaved_rope_rows
+    from numpy_reference import rope
 
-    heads, dh, dim, theta = 2, 8, 16, 10000.0
+    heads, dh, dim, seq, theta = 2, 8, 16, 6, 10000.0
     rng = np.random.default_rng(0)
     wq, wk = rng.standard_normal((heads * dh, dim)), rng.standard_normal((heads * dh, dim))
-    xq, xk = rng.standard_normal(dim), rng.standard_normal(dim)
-    freqs = theta ** (-np.arange(dh // 2) * 2 / dh)
+    x = rng.standard_normal((seq, dim))
 
-    def rotate_half(v, pos):  # Hugging Face: v [heads, dh]
-        angle = np.concatenate([freqs, freqs]) * pos
-        turned = np.concatenate([-v[:, dh // 2:], v[:, :dh // 2]], axis=1)
-        return v * np.cos(angle) + turned * np.sin(angle)
-
-    def pairwise(v, pos):  # llama.cpp's LLAMA_ROPE_TYPE_NORM
-        even, odd, angle = v[:, 0::2], v[:, 1::2], freqs * pos
+    def pairwise(v, theta):  # llama.cpp's LLAMA_ROPE_TYPE_NORM, v [S, dh]
+        angle = np.arange(len(v))[:, None] * theta ** (-2.0 * np.arange(dh // 2) / dh)
+        even, odd = v[:, 0::2], v[:, 1::2]
         out = np.empty_like(v)
         out[:, 0::2] = even * np.cos(angle) - odd * np.sin(angle)
         out[:, 1::2] = even * np.sin(angle) + odd * np.cos(angle)
         return out
 
-    def scores(rope, q_rows, k_rows):
-        q = rope((q_rows @ xq).reshape(heads, dh), 7)
-        k = rope((k_rows @ xk).reshape(heads, dh), 3)
-        return (q * k).sum(-1)
+    def scores(rotate, q_rows, k_rows):  # [heads, S, S]
+        q, k = ((x @ w.T).reshape(seq, heads, dh) for w in (q_rows, k_rows))
+        return np.stack([rotate(q[:, h], theta) @ rotate(k[:, h], theta).T
+                         for h in range(heads)])
 
-    reference = scores(rotate_half, wq, wk)
+    reference = scores(rope, wq, wk)
     assert np.allclose(scores(pairwise, interleaved_rope_rows(wq, heads),
                               interleaved_rope_rows(wk, heads)), reference)
     assert not np.allclose(scores(pairwise, wq, wk), reference)  # the order matters

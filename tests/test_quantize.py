@@ -26,7 +26,6 @@ from psa_edge.model.checkpoint import load_checkpoint, save_checkpoint
 from psa_edge.runtime.session import open_session
 
 
-
 @pytest.mark.parametrize("name,scheme,min_top1,size", [("onnx", "int8", 0.98, 0.35),
                                                       ("xnnpack", "int8", 0.98, 0.35),
                                                       ("int4", "int4", 0.90, 0.25),

@@ -293,7 +293,8 @@ def second_thread_line(rounds: list[dict]) -> str | None:
         one, two = (runs_of(rounds, preset, "int4", t) for t in (1, 2))
         if not (one and two):
             continue
-        gain = {name: medians(two, "tg")[name] / medians(one, "tg")[name]
+        rate_one, rate_two = medians(one, "tg"), medians(two, "tg")
+        gain = {name: rate_two[name] / rate_one[name]
                 for name in ("llama.cpp", "onnx-fused", "xnnpack-runner")}
         parts.append(f"{preset} {gain['llama.cpp']:.2f}x / {gain['onnx-fused']:.2f}x / "
                      f"{gain['xnnpack-runner']:.2f}x")
@@ -362,7 +363,7 @@ def page(rounds: list[dict], profiles: dict, args) -> str:
     first = rounds[0]["llama.cpp"]
     measured_rounds = min(len(runs_of(rounds, *case)) for case in cases_of(rounds))
     commits = sorted({r.get("commit", "not recorded") for r in rounds})
-    profiled_at = sorted({report["commit"] for report in profiles.values()})
+    profiled_at = ", ".join(sorted({report["commit"] for report in profiles.values()}))
     return (f"{rounds[0].get('machine', machine())}, psa-edge at commit {', '.join(commits)}; "
             f"llama.cpp {first['build']} from llama-cpp-python {LLAMA_CPP_PYTHON}'s source, "
             f"built with cmake (Release, native). Tokens/s, median of {measured_rounds} "
@@ -376,7 +377,8 @@ def page(rounds: list[dict], profiles: dict, args) -> str:
             + table(rounds, args) + "\n\nWhere a decoded token's time goes, 1 thread, "
             f"-p {args.p} -n {args.n} (microseconds per token; the operator columns are "
             f"ONNX Runtime's profile, whose own cost per node inflates the small operators "
-            f"most, `psa-edge bench --profile`, at commit {', '.join(profiled_at)}):\n\n"
+            f"most, `psa-edge bench --profile`"
+            + (f", at commit {profiled_at}" if profiled_at else "") + "):\n\n"
             + profile_table(rounds, profiles) + "\n")
 
 
@@ -406,8 +408,8 @@ def main() -> None:
                              f"{machine()}: measure every preset and precision here, or remove it")
         rounds = kept + measure(args)
         results.write_text(json.dumps(rounds, indent=1, default=str))
-        profiles = {key: report for key, report in profiles.items()
-                    if key in {profile_key(r["preset"], r["precision"]) for r in kept}}
+        kept_keys = {profile_key(r["preset"], r["precision"]) for r in kept}
+        profiles = {key: report for key, report in profiles.items() if key in kept_keys}
     profiles = measure_profiles(rounds, profiles, args)
     profiled.write_text(json.dumps(profiles, indent=1))
     block = page(rounds, profiles, args)
