@@ -2,14 +2,16 @@
 
 Exporting is most of the suite's work and the tests that read the artifacts run one at a time,
 so the exports start together when the session starts (`start_exports`), two at a time in
-worker processes, and the tests that need none of them run first (`pytest_collection_
-modifyitems`) while the workers export. Each export fixture returns an `Exports` mapping whose
-entries wait for their own export when read. Only the fixtures that the selected tests use
-are started, so a run of a few tests does not pay for the rest."""
+worker processes at the lowest CPU priority (`export_worker`), and the tests that need none of
+them run first (`pytest_collection_modifyitems`) while the workers export. Each export fixture
+returns an `Exports` mapping whose entries wait for their own export when read. Only the
+fixtures that the selected tests use are started, so a run of a few tests does not pay for the
+rest."""
 
 import email
 import json
 import multiprocessing
+import os
 import shutil
 from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -103,9 +105,14 @@ def start_exports(request):
                 pass  # pytest keeps the error and raises it in each test that reads the fixture
 
 
-def one_thread() -> None:
+def export_worker() -> None:
+    """A pool worker: one torch thread, at the lowest CPU priority. The test process runs the
+    tests one after another and is the suite's critical path: at equal priority it shared two
+    cores with both workers while they exported, and then ran the tests that read the exports
+    on one core while the other idled for half the suite."""
     import torch
 
+    os.nice(19)
     torch.set_num_threads(1)
 
 
@@ -113,7 +120,7 @@ def one_thread() -> None:
 def export_pool():
     # spawn: a forked child of a process whose OpenMP pool is running can deadlock.
     pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=one_thread)
+                               initializer=export_worker)
     try:
         yield pool
     finally:  # a session stopped early (-x, Ctrl-C) does not wait for exports nobody reads
