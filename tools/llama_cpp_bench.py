@@ -23,6 +23,7 @@ from pathlib import Path
 
 from common import OUT, artifact, bench_checkpoint, commit, machine, psa_edge_json, write_block
 
+from psa_edge.io import write_json
 from psa_edge.model import PRESETS
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
@@ -321,11 +322,17 @@ def profile_key(preset: str, precision: str) -> str:
     return f"{preset} {precision}"
 
 
+def one_thread_cases(rounds: list[dict]) -> list[tuple[str, str]]:
+    """The (preset, precision) the rounds hold at 1 thread: the cases with a decode profile."""
+    return [(preset, precision) for preset, precision, threads in cases_of(rounds)
+            if threads == 1]
+
+
 def measure_profiles(rounds: list[dict], stored: dict, args) -> dict:
     """The stored profiles, with `psa-edge bench --profile` of the fused form at 1 thread run
     for each 1-thread case of the rounds that has none."""
     profiles = dict(stored)
-    for preset, precision, _ in (case for case in cases_of(rounds) if case[2] == 1):
+    for preset, precision in one_thread_cases(rounds):
         if profile_key(preset, precision) in profiles:
             continue
         target, quant, form = PRECISIONS[precision][1]["onnx-fused"]
@@ -343,13 +350,13 @@ def profile_table(rounds: list[dict], profiles: dict) -> str:
     lines = ["| preset | precision | llama.cpp token | psa-edge token (fused form): unprofiled "
              "/ profiled | weight MatMuls | GroupQueryAttention | other operators | outside "
              "ONNX Runtime |", "|" + "---|" * 8]
-    for preset, precision, _ in (case for case in cases_of(rounds) if case[2] == 1):
+    for preset, precision in one_thread_cases(rounds):
         report = profiles[profile_key(preset, precision)]
         ops = report["kernel_us_per_token"]
         weights = sum(ops.get(op, 0) for op in LINEAR_OPS)
         attention = ops.get("GroupQueryAttention", 0)
-        llama, ours = (statistics.median(1e6 / r[name]["tg"]
-                                         for r in runs_of(rounds, preset, precision, 1))
+        runs = runs_of(rounds, preset, precision, 1)
+        llama, ours = (statistics.median(1e6 / r[name]["tg"] for r in runs)
                        for name in ("llama.cpp", "onnx-fused"))
         lines.append(f"| {preset} | {precision} / {PRECISIONS[precision][0]} | {llama:.0f} | "
                      f"{ours:.0f} / {report['wall_us_per_token']:.0f} | {weights:.0f} | "
@@ -407,11 +414,11 @@ def main() -> None:
             raise SystemExit(f"{results} holds rows measured on {', '.join(others)}, not on "
                              f"{machine()}: measure every preset and precision here, or remove it")
         rounds = kept + measure(args)
-        results.write_text(json.dumps(rounds, indent=1, default=str))
+        write_json(results, rounds)
         kept_keys = {profile_key(r["preset"], r["precision"]) for r in kept}
         profiles = {key: report for key, report in profiles.items() if key in kept_keys}
     profiles = measure_profiles(rounds, profiles, args)
-    profiled.write_text(json.dumps(profiles, indent=1))
+    write_json(profiled, profiles)
     block = page(rounds, profiles, args)
     write_block("llama-cpp", block, "docs/benchmarks.md")
     print(block)
