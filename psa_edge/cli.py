@@ -8,6 +8,7 @@ needs them, so `psa-edge --help` stays instant.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -47,19 +48,39 @@ def number(low: float | None = None, high: float | None = None, *, above: float 
     return check
 
 
+def one_of(what: str, module: str, table: str):
+    """A typer callback refusing a name that `module.table` does not hold, as the library would
+    ("unknown preset ..."). The module is imported when the option is checked, not when the CLI
+    starts: these tables are torch-free, so a misspelt name is refused before the command pays
+    for torch, and a device bundle, which lacks the training modules, still starts."""
+    def check(value):
+        if value is None:
+            return value
+        names = tuple(getattr(importlib.import_module(module), table))
+        if value not in names:
+            raise typer.BadParameter(f"unknown {what} {value!r}; choose one of "
+                                     f"{', '.join(names)}")
+        return value
+    return check
+
+
 @app.command(short_help="Train a model; write checkpoint, metrics, curve.")
 def train(
     output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
-    task: str = typer.Option("ih-safari", help="ih-safari, ih-sht, ih-offset or mqar."),
+    task: str = typer.Option("ih-safari", callback=one_of("task", "psa_edge.tasks", "TASKS"),
+                             help="ih-safari, ih-sht, ih-offset or mqar."),
     text: Optional[list[str]] = typer.Option(
         None, "--text", help="Train a language model on these files, folders or globs "
         "(repeatable) instead of a task, with a byte-level BPE trained on them."),
     vocab_size: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
                                              help="Text: BPE vocabulary (default: the "
                                              "preset's, at least 512)."),
-    preset: str = typer.Option("tiny", help="tiny, psa-0.5m, psa-1m, psa-4m, psa-30m or "
-                               "psa-92m."),
-    variant: str = typer.Option("key-only", help="baseline, key-only, symmetric or query-only."),
+    preset: str = typer.Option("tiny", callback=one_of("preset", "psa_edge.model.config",
+                                                       "PRESETS"),
+                               help="tiny, psa-0.5m, psa-1m, psa-4m, psa-30m or psa-92m."),
+    variant: str = typer.Option("key-only", callback=one_of("variant", "psa_edge.model.config",
+                                                            "VARIANTS"),
+                                help="baseline, key-only, symmetric or query-only."),
     gamma: Optional[float] = typer.Option(None, callback=number(0, 100),
                                           help="Shear strength (default 0.8; 0 for baseline)."),
     layers: Optional[int] = typer.Option(None, min=1, max=1024,
@@ -171,7 +192,9 @@ def eval_cmd(
 @app.command(short_help="Export and check an ONNX / ExecuTorch artifact.")
 def export(
     checkpoint: Path = typer.Argument(..., help="model.pt"),
-    target: str = typer.Option("xnnpack", help="xnnpack, portable or onnx."),
+    target: str = typer.Option("xnnpack", callback=one_of("target", "psa_edge.contract",
+                                                          "BACKENDS"),
+                               help="xnnpack, portable or onnx."),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="Artifact folder to write (default: beside the "
                                           "checkpoint, named after it, the target and form)."),
@@ -179,13 +202,16 @@ def export(
                                               help="Longest sequence the artifact takes "
                                               "(default: the model's max_position_embeddings)."),
     twin: bool = typer.Option(False, "--twin", help="Export the gamma = 0 twin instead."),
-    form: str = typer.Option("explicit-state", help="explicit-state; runner (ExecuTorch "
-                             "LLM-runner form with an in-program cache); or fused (ONNX "
-                             "Runtime's fused attention over static in-place caches)."),
-    quantize: Optional[str] = typer.Option(None, help="int8 (static activations, calibrated), "
-                                           "int8-dynamic, int8-block (ONNX: 8-bit weights in "
-                                           "blocks of 32), or int4 (4-bit weights: blocks of "
-                                           "32, HQQ scale-only on XNNPACK); default: fp32."),
+    form: str = typer.Option("explicit-state",
+                             callback=one_of("form", "psa_edge.contract", "FORMS"),
+                             help="explicit-state; runner (ExecuTorch LLM-runner form with an "
+                             "in-program cache); or fused (ONNX Runtime's fused attention over "
+                             "static in-place caches)."),
+    quantize: Optional[str] = typer.Option(
+        None, callback=one_of("quantization", "psa_edge.contract", "SCHEMES"),
+        help="int8 (static activations, calibrated), int8-dynamic, int8-block (ONNX: 8-bit "
+        "weights in blocks of 32), or int4 (4-bit weights: blocks of 32, HQQ scale-only on "
+        "XNNPACK); default: fp32."),
     group_size: Optional[int] = typer.Option(None, help="Weights per scale of int4 and "
                                              "int8-block: a power of two (default 32); larger "
                                              "is a faster XNNPACK int4 prefill and a coarser "
@@ -224,9 +250,10 @@ def import_hf_cmd(
     folder: Path = typer.Argument(..., help="A LlamaForCausalLM save_pretrained folder "
                                   "(config.json, safetensors, tokenizer.json)."),
     output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
-    variant: Optional[str] = typer.Option(None, help="The shear to give it: baseline, "
-                                          "key-only, symmetric or query-only (default: the "
-                                          "folder's own; none for a Llama model)."),
+    variant: Optional[str] = typer.Option(
+        None, callback=one_of("variant", "psa_edge.model.config", "VARIANTS"),
+        help="The shear to give it: baseline, key-only, symmetric or query-only (default: the "
+        "folder's own; none for a Llama model)."),
     gamma: Optional[float] = typer.Option(None, callback=number(0, 100),
                                           help="Shear strength (default 0.8; 0 for baseline)."),
 ) -> None:

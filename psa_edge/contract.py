@@ -42,8 +42,10 @@ CACHE_FIELDS = ("key", "value")
 RAW_OF_SLOT = {"prev_key": "raw_key", "prev_query": "raw_query"}
 FORMS = ("explicit-state", "runner", "fused")
 # Target -> backend that runs it, and the model file inside the artifact folder.
-BACKENDS = {"onnx": "onnxruntime", "xnnpack": "executorch", "portable": "executorch"}
-MODEL_FILES = {"onnx": "model.onnx", "xnnpack": "model.pte", "portable": "model.pte"}
+BACKENDS = {"xnnpack": "executorch", "portable": "executorch", "onnx": "onnxruntime"}
+MODEL_FILES = {"xnnpack": "model.pte", "portable": "model.pte", "onnx": "model.onnx"}
+# The `--quantize` schemes an artifact may be built with (its manifest's `quantization.scheme`).
+SCHEMES = ("int8", "int8-dynamic", "int8-block", "int4")
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 # Raw positions a runner-form program keeps: more than any speculative draft (rollback reach).

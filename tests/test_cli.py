@@ -79,6 +79,29 @@ def test_help_is_fast_and_torch_free():
     assert run("--help").returncode == 0
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["train", "-o", "m.pt", "--preset", "psa-1b"], "unknown preset 'psa-1b'; choose one of tiny"),
+    (["train", "-o", "m.pt", "--variant", "sideways"], "unknown variant 'sideways'"),
+    (["train", "-o", "m.pt", "--task", "copying"], "unknown task 'copying'; choose one of ih-"),
+    (["export", "m.pt", "--target", "tflite"], "unknown target 'tflite'; choose one of xnnpack"),
+    (["export", "m.pt", "--form", "stateful"], "unknown form 'stateful'; choose one of explicit"),
+    (["export", "m.pt", "--quantize", "int2"], "unknown quantization 'int2'; choose one of int8"),
+    (["import-hf", "f", "-o", "m.pt", "--variant", "sideways"], "unknown variant 'sideways'"),
+])
+def test_misspelt_names_are_refused_before_torch(tmp_path, argv, message):
+    """A name is checked against its torch-free table while the options are parsed, so the
+    refusal comes before the command imports torch (it took about 2 s, torch's import)."""
+    code = ("import sys; from psa_edge.cli import main; sys.argv = ['psa-edge', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 2, exc.code\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == []
+
+
 def test_help_names_every_choice_and_cuts_nothing():
     """Help texts at 80 columns: every task, preset and variant named where it is chosen, no
     line cut short with an ellipsis, no `<bool>` type shown on a flag."""

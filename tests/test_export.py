@@ -346,6 +346,18 @@ def test_bench_refuses_a_manifest_without_a_field_it_reports(artifacts, tmp_path
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_the_cli_checks_names_against_the_pipelines_own():
+    """The CLI refuses a misspelt target, form or scheme from the torch-free contract's tables;
+    they must be exactly what the pipeline builds."""
+    from psa_edge import contract
+    from psa_edge.export import forms, pipeline
+
+    assert list(contract.BACKENDS) == list(pipeline.TARGETS)
+    assert contract.FORMS == tuple(forms.FORMS)
+    assert {scheme for t in pipeline.TARGETS.values() for scheme in t.schemes} \
+        == set(contract.SCHEMES)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--target", "tflite"], "unknown target"),
     (["--max-seq-len", "8"], "below the parity probe length"),

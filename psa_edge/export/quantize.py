@@ -41,11 +41,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from psa_edge.contract import SCHEMES
 from psa_edge.errors import ExportError
 from psa_edge.export import quiet
 from psa_edge.io import native_output_captured
 
-SCHEMES = ("int8", "int8-dynamic", "int8-block", "int4")
 # The default block: llama.cpp's Q4_0 / Q8_0 one, so the block-wise builds compare like for like
 # with its GGUFs (docs/benchmarks.md). `--group-size` takes a larger power of two: fewer scales,
 # a faster XNNPACK int4 prefill, a coarser grid (docs/quantization.md).
