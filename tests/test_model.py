@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numpy_reference as ref
-from conftest import make_model
+from conftest import REPO, make_model
 from psa_edge.errors import ConfigError
 from psa_edge.model import PSATransformer, count_parameters, preset_config
-from psa_edge.model.config import ModelConfig, gammas_for
+from psa_edge.model.config import PRESETS, ModelConfig, gammas_for
 from psa_edge.model.ops import apply_rope, causal_bias, rope_cos_sin, rope_inv_freq, shear
 from psa_edge.model.transformer import LayerCache
 
@@ -113,6 +113,11 @@ def test_preset_parameter_counts(name, low, high):
     with torch.device("meta"):
         n = count_parameters(PSATransformer(preset_config(name)))
     assert low <= n <= high
+
+
+def test_the_readme_names_every_preset():
+    paragraph = (REPO / "README.md").read_text().split("Presets (", 1)[1].split("\n\n", 1)[0]
+    assert [name for name in PRESETS if f"`{name}`" not in paragraph] == []
 
 
 def test_twin_and_llama_config():
