@@ -103,26 +103,28 @@ def test_misspelt_names_are_refused_before_torch(tmp_path, argv, message):
 
 
 def test_help_names_every_choice_and_cuts_nothing():
-    """Help texts at 80 columns: every task, preset and variant named where it is chosen, no
-    line cut short with an ellipsis, no `<bool>` type shown on a flag."""
+    """Help texts at 80 columns: every name an option takes named in its help, no line cut
+    short with an ellipsis, no `<bool>` type shown on a flag."""
     from typer.testing import CliRunner
 
     from psa_edge.cli import app
+    from psa_edge.contract import BACKENDS, FORMS, SCHEMES
     from psa_edge.model.config import PRESETS, VARIANTS
     from psa_edge.tasks import TASKS
 
+    choices = {"train --help": [*TASKS, *PRESETS, *VARIANTS],
+               "export --help": [*BACKENDS, *FORMS, *SCHEMES], "import-hf --help": VARIANTS}
     runner = CliRunner()
-    for command in ["--help"] + [f"{c} --help" for c in ("train", "eval", "export", "inspect",
-                                                        "quant-check", "generate", "verify",
-                                                        "bench", "bundle", "certify", "demo")]:
+    commands = [c.name or c.callback.__name__ for c in app.registered_commands]
+    assert {"train", "eval", "import-hf", "export-hf", "quant-check", "demo"} <= set(commands)
+    for command in ["--help"] + [f"{c} --help" for c in commands]:
         text = runner.invoke(app, command.split(), terminal_width=80).output
         body = [line for line in text.splitlines() if not line.startswith("Usage:")]
         assert not any("…" in line or line.endswith("...") for line in body), (command, text)
         assert "<bool>" not in text, (command, text)
-        if command == "train --help":
-            flat = " ".join(text.split())
-            for name in [*TASKS, *PRESETS, *VARIANTS]:
-                assert name in flat, name
+        flat = " ".join(text.split())
+        for name in choices.get(command, ()):
+            assert name in flat, (command, name)
 
 
 @pytest.mark.parametrize("args,message", [
