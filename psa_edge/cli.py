@@ -106,9 +106,11 @@ def train(
                                        "forward."),
     nproc: int = typer.Option(1, min=1, max=THREADS_MAX,
                               help="Data-parallel processes (launches torchrun)."),
-    init: Optional[Path] = typer.Option(None, help="Start from this checkpoint's weights and "
+    init: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                        help="Start from this checkpoint's weights and "
                                         "tokenizer (fine-tuning), with the shear given here."),
-    resume: Optional[Path] = typer.Option(None, help="Continue the run of this training state "
+    resume: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                          help="Continue the run of this training state "
                                           "(<stem>.state.pt) with its own options."),
     state_every: int = typer.Option(0, min=0, max=10**9,
                                     help="Write a resumable <stem>.state.pt every N "
@@ -116,8 +118,9 @@ def train(
     stop_at: Optional[float] = typer.Option(None, callback=number(0, 1),
                                             help="Stop once the held-out accuracy reaches "
                                             "this (e.g. 0.9 to measure steps to 0.9)."),
-    tokenizer: Optional[Path] = typer.Option(None, help="Text: use this tokenizer.json instead "
-                                             "of training one."),
+    tokenizer: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                             help="Text: use this tokenizer.json instead of "
+                                             "training one."),
     weights_dtype: str = typer.Option("float32", help="Storage precision of the checkpoint's "
                                       "weights: float32, float16 or bfloat16 (half the "
                                       "file; the model still computes in float32)."),
@@ -171,7 +174,7 @@ def launch_torchrun(nproc: int) -> int:
 
 @app.command(name="eval", short_help="Held-out accuracy of a checkpoint.")
 def eval_cmd(
-    checkpoint: Path = typer.Argument(..., help="model.pt"),
+    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="model.pt"),
     task: Optional[str] = typer.Option(None, help="Task (default: the one it was trained on)."),
     samples: int = typer.Option(512, min=1, max=LENGTH_MAX, help="Held-out sequences."),
     seed: int = typer.Option(1234, min=0, max=SEED_MAX, help="Seed of the held-out sample."),
@@ -191,7 +194,7 @@ def eval_cmd(
 
 @app.command(short_help="Export and check an ONNX / ExecuTorch artifact.")
 def export(
-    checkpoint: Path = typer.Argument(..., help="model.pt"),
+    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="model.pt"),
     target: str = typer.Option("xnnpack", callback=one_of("target", "psa_edge.contract",
                                                           "BACKENDS"),
                                help="xnnpack, portable or onnx."),
@@ -247,7 +250,8 @@ def export(
 
 @app.command(name="import-hf", short_help="A transformers Llama folder to a checkpoint.")
 def import_hf_cmd(
-    folder: Path = typer.Argument(..., help="A LlamaForCausalLM save_pretrained folder "
+    folder: Path = typer.Argument(..., exists=True, file_okay=False,
+                                  help="A LlamaForCausalLM save_pretrained folder "
                                   "(config.json, safetensors, tokenizer.json)."),
     output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
     variant: Optional[str] = typer.Option(
@@ -269,7 +273,7 @@ def import_hf_cmd(
 
 @app.command(name="export-hf", short_help="A checkpoint to a transformers folder.")
 def export_hf_cmd(
-    checkpoint: Path = typer.Argument(..., help="model.pt"),
+    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="model.pt"),
     output: Path = typer.Option(..., "-o", "--output", help="Folder to write (new, or one "
                                 "psa-edge wrote before)."),
 ) -> None:
@@ -299,8 +303,10 @@ def inspect(
 
 @app.command(name="quant-check", short_help="Accuracy of a quantized artifact vs the float model.")
 def quant_check_cmd(
-    checkpoint: Path = typer.Argument(..., help="model.pt the artifact was exported from"),
-    artifact: Path = typer.Argument(..., help="Artifact folder, quantized or float."),
+    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                      help="model.pt the artifact was exported from"),
+    artifact: Path = typer.Argument(..., exists=True, help="Artifact folder, quantized or "
+                                    "float."),
     task: Optional[str] = typer.Option(None, help="Task (default: the checkpoint's own)."),
     samples: int = typer.Option(64, min=1, max=LENGTH_MAX, help="Held-out sequences."),
     seed: int = typer.Option(1234, min=0, max=SEED_MAX, help="Seed of the held-out sample."),

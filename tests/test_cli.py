@@ -86,11 +86,17 @@ def test_help_is_fast_and_torch_free():
     (["export", "m.pt", "--target", "tflite"], "unknown target 'tflite'; choose one of xnnpack"),
     (["export", "m.pt", "--form", "stateful"], "unknown form 'stateful'; choose one of explicit"),
     (["export", "m.pt", "--quantize", "int2"], "unknown quantization 'int2'; choose one of int8"),
-    (["import-hf", "f", "-o", "m.pt", "--variant", "sideways"], "unknown variant 'sideways'"),
+    (["import-hf", ".", "-o", "m.pt", "--variant", "sideways"], "unknown variant 'sideways'"),
+    (["eval", "nope.pt"], "file 'nope.pt' does not exist"),
+    (["export", "."], "file '.' is a directory"),
+    (["quant-check", "nope.pt", "art"], "file 'nope.pt' does not exist"),
+    (["import-hf", "nope", "-o", "m.pt"], "dir 'nope' does not exist"),
+    (["train", "-o", "m.pt", "--init", "nope.pt"], "file 'nope.pt' does not exist"),
 ])
-def test_misspelt_names_are_refused_before_torch(tmp_path, argv, message):
-    """A name is checked against its torch-free table while the options are parsed, so the
-    refusal comes before the command imports torch (it took about 2 s, torch's import)."""
+def test_bad_names_and_missing_files_are_refused_before_torch(tmp_path, argv, message):
+    """Names are checked against their torch-free tables, and the input files of the torch
+    commands for existence, while the options are parsed: the refusal comes before the
+    command imports torch (it took about 2 s, torch's import)."""
     code = ("import sys; from psa_edge.cli import main; sys.argv = ['psa-edge', *sys.argv[1:]]\n"
             "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 2, exc.code\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
