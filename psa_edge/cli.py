@@ -230,9 +230,9 @@ def export(
 ) -> None:
     """Export a checkpoint to ONNX or ExecuTorch, check it against the float reference, and write
     the artifact folder (model, tokenizer, manifest) in one step (docs/spec.md §8)."""
-    from psa_edge.display import print_summary
+    from psa_edge.display import print_summary, stage_bar
     from psa_edge.errors import ExportError
-    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.export.pipeline import STAGES, ExportRequest, run_export
     from psa_edge.export.quantize import WEIGHT_BLOCK, QuantSpec
 
     if group_size is not None and not quantize:
@@ -241,7 +241,8 @@ def export(
     quant = (QuantSpec(quantize, calibration_samples, calibration_seed, keep_shear_fp32, group)
              if quantize else None)
     request = ExportRequest(checkpoint, target, output, max_seq_len, twin, form, quant)
-    manifest = run_export(request)
+    with stage_bar("export", STAGES, enabled=not as_json) as started:
+        manifest = run_export(request, started)
     if as_json:
         typer.echo(json.dumps(manifest, indent=2, sort_keys=True))
     else:

@@ -1,9 +1,10 @@
 """Terminal presentation of the commands: progress bars and tables (rich only, no torch).
 
 Contract: `progress_bar(label, total, enabled)` is a context manager yielding `advance()`;
-with `enabled=False` (e.g. under `--json`) it draws nothing and `advance` does nothing. The
-other functions print one command's report (export summary, inspect, quant-check, verify,
-bench) from the plain dict the library returned.
+with `enabled=False` (e.g. under `--json`) it draws nothing and `advance` does nothing;
+`stage_bar` is the same over named stages, on a terminal only. The other functions print one
+command's report (export summary, inspect, quant-check, verify, bench) from the plain dict the
+library returned.
 """
 
 from __future__ import annotations
@@ -35,6 +36,24 @@ def progress_bar(label: str, total: int, enabled: bool = True):
                   disable=not enabled) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n=1: bar.advance(task, n)
+
+
+@contextlib.contextmanager
+def stage_bar(label: str, stages: tuple[str, ...], enabled: bool = True):
+    """A bar over named stages, yielding `started(stage)`: the bar names the stage now running
+    and counts those done. Drawn on a terminal only, and erased when the work ends, so what
+    stays is the command's result or its one-line error."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=not (enabled and console.is_terminal)) as bar:
+        task = bar.add_task(label, total=len(stages))
+        yield lambda stage: bar.update(task, completed=stages.index(stage),
+                                       description=f"{label}: {stage}")
 
 
 def verify_table(report: dict) -> None:

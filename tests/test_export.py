@@ -17,7 +17,7 @@ from conftest import (CASES, MAX_LEN, REPO, assert_umask_modes, cli, copy_artifa
 from psa_edge.checks import reference as checks
 from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ArtifactError, ExportError
-from psa_edge.export.pipeline import ExportRequest, export, run_export, transform
+from psa_edge.export.pipeline import STAGES, ExportRequest, export, run_export, transform
 from psa_edge.runtime.session import open_session
 
 
@@ -385,10 +385,11 @@ def test_export_unreadable_checkpoint_and_unwritable_output(checkpoints, tmp_pat
 
 def test_failed_parity_leaves_nothing(checkpoints, tmp_path, monkeypatch):
     monkeypatch.setattr(checks, "FP32_RTOL", 0.0)  # fp32 rounding alone now fails the probe
-    out = tmp_path / "m"
+    out, stages = tmp_path / "m", []
     with pytest.raises(ExportError, match="parity check failed"):
-        run_export(ExportRequest(checkpoints["symmetric"], "onnx", out, MAX_LEN))
+        run_export(ExportRequest(checkpoints["symmetric"], "onnx", out, MAX_LEN), stages.append)
     assert os.listdir(tmp_path) == []
+    assert stages == list(STAGES)  # each stage began in order (the CLI's bar); save's check failed
 
 
 def test_onnx_runtime_path_works_without_torch(artifacts):

@@ -272,9 +272,11 @@ def test_group_size_names_the_default_output():
     (QuantSpec("int8-dynamic", group_size=64), "onnx", "block-wise schemes"),
 ])
 def test_export_int8_bad_input(tiny_checkpoint, tmp_path, spec, target, message):
+    stages = []
     with pytest.raises(ExportError, match=message):
-        run_export(ExportRequest(tiny_checkpoint, target, tmp_path / "m", quant=spec))
-    assert os.listdir(tmp_path) == []
+        run_export(ExportRequest(tiny_checkpoint, target, tmp_path / "m", quant=spec),
+                   stages.append)
+    assert os.listdir(tmp_path) == [] and stages == []  # refused before the first stage
 
 
 @pytest.mark.parametrize("args,message", [

@@ -9,7 +9,8 @@ checks parity against the eager fp32 reference (`checks.parity`), records the ar
 fingerprint for the first open elsewhere (`runtime.guard`), and only then renames the folder
 into place (docs/spec.md §8); a failed check leaves nothing behind. The folder also holds
 the reference's logits on `verify`'s probes (`reference.npz`), so `psa-edge verify` runs on a
-device without torch or the checkpoint.
+device without torch or the checkpoint. `run_export(request, started)` calls `started(stage)`
+as each of `STAGES` begins (the CLI's progress bar).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from psa_edge.checks.parity import PROBE_LEN, failure_message, probe_parity
 from psa_edge.checks.reference import Reference
@@ -167,12 +169,21 @@ def save(artifact: bytes, delegation: dict | None, quantization: dict | None,
     return manifest
 
 
-def run_export(req: ExportRequest) -> dict:
+STAGES = ("load", "transform", "export", "quantize", "lower", "save")
+
+
+def run_export(req: ExportRequest, started: Callable[[str], None] = lambda stage: None) -> dict:
     req = check_request(req)
-    started = time.time()
+    began = time.time()
+    started("load")
     model, source = load(req)
+    started("transform")
     model = transform(model, req)
+    started("export")
     exported = export(model, req)
+    started("quantize")
     exported, quantization = quantize(exported, model, source, req)
+    started("lower")
     artifact, delegation = lower(exported, model, req)
-    return save(artifact, delegation, quantization, model, source, req, time.time() - started)
+    started("save")
+    return save(artifact, delegation, quantization, model, source, req, time.time() - began)
