@@ -181,9 +181,12 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Held-out accuracy of a checkpoint."""
-    from psa_edge.train.run import evaluate_checkpoint
+    from psa_edge.display import progress_bar
+    from psa_edge.train.run import eval_report, eval_target
 
-    result = evaluate_checkpoint(checkpoint, task, samples, seed)
+    model, scored_task = eval_target(checkpoint, task)
+    with progress_bar("eval", samples, enabled=not as_json) as advance:
+        result = eval_report(model, scored_task, samples, seed, advance)
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return

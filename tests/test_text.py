@@ -146,6 +146,7 @@ print(json.dumps("".join(pieces)))
     (lambda d: (d / "sub").mkdir() or (d / "sub" / "x.bin").write_bytes(b"\x00\x01"),
      "holds no text"),
     (lambda d: (d / "ok.py").write_text("x = 1\n" * 200), "below the byte alphabet"),
+    (lambda d: (d / "one.py").write_text("x = 1\n" * 200), "fewer than one sequence"),
 ])
 def test_text_bad_input(tmp_path, make, message):
     source = tmp_path / "in"
@@ -159,6 +160,29 @@ def test_text_bad_input(tmp_path, make, message):
                  "-o", out / "m.pt")
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(out) == []
+
+
+def test_a_split_is_tokenized_on_its_first_use_only(text_model, monkeypatch):
+    """eval and quant-check read the validation split alone: they tokenize a twentieth of the
+    corpus, not all of it."""
+    from psa_edge.model.checkpoint import load_checkpoint
+    from psa_edge.tasks import task_from_dict
+    from psa_edge.tasks.text import TextTask
+
+    model, metadata = load_checkpoint(text_model["checkpoint"])
+    tokenized, stream = [], TextTask.stream
+
+    def counted(task, documents):
+        tokenized.append(documents)
+        return stream(task, documents)
+
+    monkeypatch.setattr(TextTask, "stream", counted)
+    task = task_from_dict(metadata["task"], model.tokenizer)
+    assert tokenized == []
+    task.sample("test", 2, seed=0)
+    task.sample("test", 2, seed=1)
+    assert tokenized == [task.corpus.split("test")] and len(tokenized[0]) > 0
+    assert len(task.corpus.split("train")) > len(tokenized[0])
 
 
 def test_a_changed_corpus_is_noticed(text_model, corpus, tmp_path):

@@ -11,8 +11,11 @@ Contract:
 - Split: a document belongs to validation when the sha256 of its content, mod 100, is below
   `val_percent` (default 5): fixed per document, whatever the seed or the file order.
 - `TextTask(corpus, tokenizer, seq_len)`: each split's documents tokenized and joined by
-  `<|endoftext|>` into one stream; `sample(split, n, seed)` draws n windows of seq_len + 1
-  tokens at seeded random starts: the inputs and their next-token targets.
+  `<|endoftext|>` into one stream, on the split's first use (`split_stream`), which refuses a
+  split shorter than one sequence: an evaluation reads the validation split alone, a twentieth
+  of the corpus, and training asks for both before its first step. `sample(split, n, seed)`
+  draws n windows of seq_len + 1 tokens at seeded random starts: the inputs and their
+  next-token targets.
 - `score(predictions, targets, inputs)`: next-token accuracy over every position, at the copy
   positions (`copy_positions`: the last COPY_NGRAM tokens repeat an n-gram that ended earlier in
   the same window, where an induction head can copy what followed) and at all the others.
@@ -152,13 +155,7 @@ class TextTask:
         self.seq_len, self.val_percent = seq_len, val_percent
         self.vocab_size = tokenizer.vocab_size
         self.chance = 1 / tokenizer.vocab_size
-        self.streams = {split: self.stream(corpus.split(split, val_percent))
-                        for split in ("train", "test")}
-        for split, stream in self.streams.items():
-            if stream.size < seq_len + 1:
-                raise CorpusError(f"the corpus's {'validation' if split == 'test' else split} "
-                                  f"split has {stream.size} tokens, fewer than one sequence of "
-                                  f"{seq_len + 1}: give more text or a shorter --seq-len")
+        self.streams: dict[str, np.ndarray] = {}
 
     @property
     def params(self) -> dict:
@@ -179,10 +176,21 @@ class TextTask:
                       self.tokenizer.hf.encode_batch_fast(batch, add_special_tokens=False)]
         return np.concatenate(parts)
 
-    def sample(self, split: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        if split not in self.streams:
+    def split_stream(self, split: str) -> np.ndarray:
+        """The split's tokens, tokenized on its first use."""
+        if split not in ("train", "test"):
             raise TaskError(f"unknown split {split!r}; choose train or test")
-        stream = self.streams[split]
+        if split not in self.streams:
+            stream = self.stream(self.corpus.split(split, self.val_percent))
+            if stream.size < self.seq_len + 1:
+                raise CorpusError(f"the corpus's {'validation' if split == 'test' else split} "
+                                  f"split has {stream.size} tokens, fewer than one sequence of "
+                                  f"{self.seq_len + 1}: give more text or a shorter --seq-len")
+            self.streams[split] = stream
+        return self.streams[split]
+
+    def sample(self, split: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        stream = self.split_stream(split)
         rng = np.random.default_rng([seed, ("train", "test").index(split), 0x7E57])
         starts = rng.integers(0, stream.size - self.seq_len, size=n)
         windows = stream[starts[:, None] + np.arange(self.seq_len + 1)].astype(np.int64)

@@ -18,16 +18,18 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from psa_edge.errors import ConfigError, TaskError
 from psa_edge.io import check_output, manifest_path, refuse_overlap, sha256_file
 from psa_edge.model.checkpoint import (WEIGHT_DTYPES, load_checkpoint, read_state,
                                        save_checkpoint, save_state)
+from psa_edge.model.transformer import PSATransformer
 from psa_edge.tasks import EVAL_SEED, get_task, task_from_dict
 from psa_edge.tokenizer import Tokenizer
 from psa_edge.train.trainer import Replica, TrainSpec, build_model, evaluate, train
 
-__all__ = ["TrainSpec", "prepare", "run_training", "evaluate_checkpoint", "sidecar"]
+__all__ = ["TrainSpec", "prepare", "run_training", "eval_target", "eval_report", "sidecar"]
 
 
 def sidecar(output: Path, suffix: str) -> Path:
@@ -65,7 +67,10 @@ def text_task(spec: TrainSpec, tokenizer=None):
         vocab = spec.vocab_size or max(512, PRESETS[spec.preset]["vocab_size"])
         tokenizer = Tokenizer(shared(lambda: train_bpe(corpus.split("train"), vocab).json,
                                      spec.device))
-    return TextTask(corpus, tokenizer, spec.task_params.get("seq_len", 256))
+    task = TextTask(corpus, tokenizer, spec.task_params.get("seq_len", 256))
+    for split in ("train", "test"):  # a split too short for one sequence is refused now
+        task.split_stream(split)
+    return task
 
 
 def shared(make, device: str):
@@ -119,7 +124,6 @@ def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
 def fine_tune_start(init: Path, spec: TrainSpec):
     """`init`'s weights and tokenizer in a model with the spec's shear (its architecture)."""
     from psa_edge.model.config import gammas_for
-    from psa_edge.model.transformer import PSATransformer
 
     base, _ = load_checkpoint(init)
     gamma_q, gamma_k = gammas_for(spec.variant, spec.gamma)
@@ -206,8 +210,9 @@ def curve_png(history: list[dict], task, spec: TrainSpec) -> bytes:
     return buffer.getvalue()
 
 
-def evaluate_checkpoint(checkpoint: Path, task_name: str | None, samples: int,
-                        seed: int = EVAL_SEED) -> dict:
+def eval_target(checkpoint: Path, task_name: str | None) -> tuple[PSATransformer, object]:
+    """The checkpoint's model and the task to score it on (the one it recorded by default);
+    refused when it records none or the task's vocabulary is not the model's."""
     model, metadata = load_checkpoint(checkpoint)
     recorded = metadata.get("task") or {}
     if task_name is None:
@@ -220,7 +225,13 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str | None, samples: int,
     if task.vocab_size != model.cfg.vocab_size:
         raise TaskError(f"task {task.name} has vocabulary {task.vocab_size}, "
                         f"the model's is {model.cfg.vocab_size}")
-    metrics = evaluate(model, task, samples, seed)
+    return model, task
+
+
+def eval_report(model: PSATransformer, task, samples: int, seed: int = EVAL_SEED,
+                advance: Callable[[int], None] = lambda n: None) -> dict:
+    """The eval command's result: the task's metrics on `samples` held-out sequences."""
+    metrics = evaluate(model, task, samples, seed, advance=advance)
     return {"task": task.name, "samples": samples, "chance": task.chance,
             "variant": model.cfg.variant, **metrics}
 

@@ -158,8 +158,9 @@ def token_losses(model, inputs: torch.Tensor, targets: torch.Tensor, device: str
 
 @torch.no_grad()
 def evaluate(model: PSATransformer, task, samples: int = 512, seed: int = EVAL_SEED,
-             batch_size: int = 64) -> dict:
-    """The task's metrics on `samples` held-out sequences, the held-out loss and perplexity."""
+             batch_size: int = 64, advance: Callable[[int], None] = lambda n: None) -> dict:
+    """The task's metrics on `samples` held-out sequences, the held-out loss and perplexity;
+    `advance(n)` after each batch of n."""
     model.eval()
     device = next(model.parameters()).device
     inputs, targets = task.sample("test", samples, seed)
@@ -172,6 +173,7 @@ def evaluate(model: PSATransformer, task, samples: int = 512, seed: int = EVAL_S
         nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                ignore_index=IGNORE, reduction="sum").item()
         scored += int((y != IGNORE).sum())
+        advance(len(x))
     metrics = task.score(np.concatenate(predictions), targets, inputs)
     loss = nll / max(1, scored)
     return {**metrics, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0))}
