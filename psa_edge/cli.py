@@ -129,7 +129,8 @@ def train(
     tokenizer), metrics and a curve."""
     if nproc > 1:
         raise typer.Exit(launch_torchrun(nproc))
-    from psa_edge.train.run import TrainSpec, prepare, run_training
+    from psa_edge.display import stage_bar
+    from psa_edge.train.run import TEXT_STAGES, TrainSpec, prepare, run_training
     from psa_edge.train.trainer import resolve_device
 
     params = {"seq_len": seq_len} if seq_len else {}
@@ -142,7 +143,9 @@ def train(
                      vocab_size=vocab_size, device=resolve_device(device),
                      compile=compile_model, state_every=state_every, stop_at=stop_at,
                      weights_dtype=weights_dtype)
-    plan = prepare(spec, output, init, resume, tokenizer)
+    # Under torchrun every process prepares; the first one draws (as it draws the training's).
+    with stage_bar("train", TEXT_STAGES, enabled=os.environ.get("RANK", "0") == "0") as started:
+        plan = prepare(spec, output, init, resume, tokenizer, started)
     summary = run_training(plan, command=" ".join(["psa-edge", *sys.argv[1:]]))
     if summary is None:
         return

@@ -41,19 +41,29 @@ def progress_bar(label: str, total: int, enabled: bool = True):
 @contextlib.contextmanager
 def stage_bar(label: str, stages: tuple[str, ...], enabled: bool = True):
     """A bar over named stages, yielding `started(stage)`: the bar names the stage now running
-    and counts those done. Drawn on a terminal only, and erased when the work ends, so what
-    stays is the command's result or its one-line error."""
+    and counts those done. Drawn from the first `started` on, on a terminal only, and erased
+    when the work ends, so what stays is the command's result or its one-line error."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn
 
     console = Console(stderr=True)
-    with Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True,
-                  disable=not (enabled and console.is_terminal)) as bar:
-        task = bar.add_task(label, total=len(stages))
-        yield lambda stage: bar.update(task, completed=stages.index(stage),
-                                       description=f"{label}: {stage}")
+    bar = Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, transient=True,
+                   disable=not (enabled and console.is_terminal))
+    task = None
+
+    def started(stage: str) -> None:
+        nonlocal task
+        if task is None:
+            task = bar.add_task(label, total=len(stages))
+        bar.update(task, completed=stages.index(stage), description=f"{label}: {stage}")
+        bar.start()  # once: a started bar ignores it
+
+    try:
+        yield started
+    finally:
+        bar.stop()
 
 
 def verify_table(report: dict) -> None:

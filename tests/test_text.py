@@ -185,6 +185,18 @@ def test_a_split_is_tokenized_on_its_first_use_only(text_model, monkeypatch):
     assert len(task.corpus.split("train")) > len(tokenized[0])
 
 
+def test_a_text_run_tokenizes_both_splits_before_its_first_step(corpus):
+    """The stages the train command's bar names, in order; both splits are checked up front."""
+    from psa_edge.train.run import TEXT_STAGES, text_task
+    from psa_edge.train.trainer import TrainSpec
+
+    stages = []
+    spec = TrainSpec(task="text", text=(str(corpus),), vocab_size=384,
+                     task_params={"seq_len": 64})
+    task = text_task(spec, None, stages.append)
+    assert stages == list(TEXT_STAGES) and sorted(task.streams) == ["test", "train"]
+
+
 def test_a_changed_corpus_is_noticed(text_model, corpus, tmp_path):
     moved = tmp_path / "corpus"
     shutil.copytree(corpus, moved)

@@ -52,14 +52,21 @@ class Plan:
     origin: dict | None  # the checkpoint a fine-tune started from
 
 
-def text_task(spec: TrainSpec, tokenizer=None):
-    """The corpus of `spec.text` as a task; its BPE trained here unless `tokenizer` is given."""
+TEXT_STAGES = ("read corpus", "train BPE", "tokenize")
+
+
+def text_task(spec: TrainSpec, tokenizer=None, started: Callable[[str], None] = lambda s: None):
+    """The corpus of `spec.text` as a task; its BPE trained here unless `tokenizer` is given.
+    `started(stage)` as each of `TEXT_STAGES` begins (on the whole standard library, about
+    40 s before the first step)."""
     from psa_edge.model.config import PRESETS
     from psa_edge.tasks.text import TextTask, read_corpus
     from psa_edge.tokenizer import train_bpe
 
+    started("read corpus")
     corpus = read_corpus(spec.text)
     if tokenizer is None:
+        started("train BPE")
         if spec.preset not in PRESETS:
             raise ConfigError(f"unknown preset {spec.preset!r}; choose one of "
                               f"{', '.join(PRESETS)}")
@@ -68,6 +75,7 @@ def text_task(spec: TrainSpec, tokenizer=None):
         tokenizer = Tokenizer(shared(lambda: train_bpe(corpus.split("train"), vocab).json,
                                      spec.device))
     task = TextTask(corpus, tokenizer, spec.task_params.get("seq_len", 256))
+    started("tokenize")
     for split in ("train", "test"):  # a split too short for one sequence is refused now
         task.split_stream(split)
     return task
@@ -88,7 +96,9 @@ def shared(make, device: str):
 
 
 def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
-            resume: Path | None = None, tokenizer: Path | None = None) -> Plan:
+            resume: Path | None = None, tokenizer: Path | None = None,
+            started: Callable[[str], None] = lambda stage: None) -> Plan:
+    """The plan of a run; `started(stage)` as each stage of a text task begins (`text_task`)."""
     output = Path(output)
     if spec.weights_dtype not in WEIGHT_DTYPES:  # refused now, not after the training
         raise ConfigError(f"--weights-dtype {spec.weights_dtype!r}: choose one of "
@@ -102,17 +112,18 @@ def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
         spec = dataclasses.replace(TrainSpec(**{**state["metadata"]["spec"],
                                                 "text": tuple(state["metadata"]["spec"]["text"])}),
                                    device=spec.device, compile=spec.compile)
-        task = (text_task(spec, model.tokenizer) if spec.text else
+        task = (text_task(spec, model.tokenizer, started) if spec.text else
                 task_from_dict(state["metadata"]["task"]))
     elif init is not None:
         model, origin = fine_tune_start(init, spec)
-        task = text_task(spec, model.tokenizer) if spec.text else get_task(
+        task = text_task(spec, model.tokenizer, started) if spec.text else get_task(
             spec.task, **spec.task_params)
     else:
         if tokenizer is not None and not spec.text:
             raise ConfigError("--tokenizer is for text (--text); a task has its own vocabulary")
         given = Tokenizer.from_file(tokenizer) if tokenizer is not None else None
-        task = text_task(spec, given) if spec.text else get_task(spec.task, **spec.task_params)
+        task = text_task(spec, given, started) if spec.text else get_task(spec.task,
+                                                                           **spec.task_params)
         model = build_model(spec, task)  # refuses a bad preset, variant or gamma
         model.tokenizer = getattr(task, "tokenizer", None)
     if task.vocab_size != model.cfg.vocab_size:
