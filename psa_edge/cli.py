@@ -178,7 +178,8 @@ def launch_torchrun(nproc: int) -> int:
 @app.command(name="eval", short_help="Held-out accuracy of a checkpoint.")
 def eval_cmd(
     checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="model.pt"),
-    task: Optional[str] = typer.Option(None, help="Task (default: the one it was trained on)."),
+    task: Optional[str] = typer.Option(None, callback=one_of("task", "psa_edge.tasks", "TASKS"),
+                                       help="Task (default: the one it was trained on)."),
     samples: int = typer.Option(512, min=1, max=LENGTH_MAX, help="Held-out sequences."),
     seed: int = typer.Option(1234, min=0, max=SEED_MAX, help="Seed of the held-out sample."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -314,7 +315,8 @@ def quant_check_cmd(
                                       help="model.pt the artifact was exported from"),
     artifact: Path = typer.Argument(..., exists=True, help="Artifact folder, quantized or "
                                     "float."),
-    task: Optional[str] = typer.Option(None, help="Task (default: the checkpoint's own)."),
+    task: Optional[str] = typer.Option(None, callback=one_of("task", "psa_edge.tasks", "TASKS"),
+                                       help="Task (default: the checkpoint's own)."),
     samples: int = typer.Option(64, min=1, max=LENGTH_MAX, help="Held-out sequences."),
     seed: int = typer.Option(1234, min=0, max=SEED_MAX, help="Seed of the held-out sample."),
     max_acc_drop: Optional[float] = typer.Option(None, callback=number(0, 100),

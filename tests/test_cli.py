@@ -88,6 +88,8 @@ def test_help_is_fast_and_torch_free():
     (["export", "m.pt", "--quantize", "int2"], "unknown quantization 'int2'; choose one of int8"),
     (["import-hf", ".", "-o", "m.pt", "--variant", "sideways"], "unknown variant 'sideways'"),
     (["eval", "nope.pt"], "file 'nope.pt' does not exist"),
+    (["eval", "m.pt", "--task", "copying"], "unknown task 'copying'"),
+    (["quant-check", "m.pt", "art", "--task", "copying"], "unknown task 'copying'"),
     (["export", "."], "file '.' is a directory"),
     (["quant-check", "nope.pt", "art"], "file 'nope.pt' does not exist"),
     (["import-hf", "nope", "-o", "m.pt"], "dir 'nope' does not exist"),
