@@ -64,6 +64,19 @@ def one_of(what: str, module: str, table: str):
     return check
 
 
+def input_file(what: str):
+    """A typer callback refusing an input that is not a readable regular file (missing, a
+    folder, a broken symlink or a loop, a FIFO), in the library's words (`io.not_a_file`), while
+    the options are parsed: before the command imports torch."""
+    def check(value):
+        from psa_edge.io import not_a_file
+
+        if value is not None and (problem := not_a_file(value)) is not None:
+            raise typer.BadParameter(f"{what} {value} {problem}")
+        return value
+    return check
+
+
 @app.command(short_help="Train a model; write checkpoint, metrics, curve.")
 def train(
     output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
@@ -106,10 +119,10 @@ def train(
                                        "forward."),
     nproc: int = typer.Option(1, min=1, max=THREADS_MAX,
                               help="Data-parallel processes (launches torchrun)."),
-    init: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+    init: Optional[Path] = typer.Option(None, callback=input_file("checkpoint"),
                                         help="Start from this checkpoint's weights and "
                                         "tokenizer (fine-tuning), with the shear given here."),
-    resume: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+    resume: Optional[Path] = typer.Option(None, callback=input_file("training state"),
                                           help="Continue the run of this training state "
                                           "(<stem>.state.pt) with its own options."),
     state_every: int = typer.Option(0, min=0, max=10**9,
@@ -118,7 +131,7 @@ def train(
     stop_at: Optional[float] = typer.Option(None, callback=number(0, 1),
                                             help="Stop once the held-out accuracy reaches "
                                             "this (e.g. 0.9 to measure steps to 0.9)."),
-    tokenizer: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+    tokenizer: Optional[Path] = typer.Option(None, callback=input_file("tokenizer"),
                                              help="Text: use this tokenizer.json instead of "
                                              "training one."),
     weights_dtype: str = typer.Option("float32", help="Storage precision of the checkpoint's "
@@ -177,7 +190,7 @@ def launch_torchrun(nproc: int) -> int:
 
 @app.command(name="eval", short_help="Held-out accuracy of a checkpoint.")
 def eval_cmd(
-    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="model.pt"),
+    checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"), help="model.pt"),
     task: Optional[str] = typer.Option(None, callback=one_of("task", "psa_edge.tasks", "TASKS"),
                                        help="Task (default: the one it was trained on)."),
     samples: int = typer.Option(512, min=1, max=LENGTH_MAX, help="Held-out sequences."),
@@ -201,7 +214,7 @@ def eval_cmd(
 
 @app.command(short_help="Export and check an ONNX / ExecuTorch artifact.")
 def export(
-    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="model.pt"),
+    checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"), help="model.pt"),
     target: str = typer.Option("xnnpack", callback=one_of("target", "psa_edge.contract",
                                                           "BACKENDS"),
                                help="xnnpack, portable or onnx."),
@@ -258,8 +271,7 @@ def export(
 
 @app.command(name="import-hf", short_help="A transformers Llama folder to a checkpoint.")
 def import_hf_cmd(
-    folder: Path = typer.Argument(..., exists=True, file_okay=False,
-                                  help="A LlamaForCausalLM save_pretrained folder "
+    folder: Path = typer.Argument(..., help="A LlamaForCausalLM save_pretrained folder "
                                   "(config.json, safetensors, tokenizer.json)."),
     output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
     variant: Optional[str] = typer.Option(
@@ -281,7 +293,7 @@ def import_hf_cmd(
 
 @app.command(name="export-hf", short_help="A checkpoint to a transformers folder.")
 def export_hf_cmd(
-    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, help="model.pt"),
+    checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"), help="model.pt"),
     output: Path = typer.Option(..., "-o", "--output", help="Folder to write (new, or one "
                                 "psa-edge wrote before)."),
 ) -> None:
@@ -311,10 +323,9 @@ def inspect(
 
 @app.command(name="quant-check", short_help="Accuracy of a quantized artifact vs the float model.")
 def quant_check_cmd(
-    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False,
+    checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"),
                                       help="model.pt the artifact was exported from"),
-    artifact: Path = typer.Argument(..., exists=True, help="Artifact folder, quantized or "
-                                    "float."),
+    artifact: Path = typer.Argument(..., help="Artifact folder, quantized or float."),
     task: Optional[str] = typer.Option(None, callback=one_of("task", "psa_edge.tasks", "TASKS"),
                                        help="Task (default: the checkpoint's own)."),
     samples: int = typer.Option(64, min=1, max=LENGTH_MAX, help="Held-out sequences."),

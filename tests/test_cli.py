@@ -87,27 +87,29 @@ def test_help_is_fast_and_torch_free():
     (["export", "m.pt", "--form", "stateful"], "unknown form 'stateful'; choose one of explicit"),
     (["export", "m.pt", "--quantize", "int2"], "unknown quantization 'int2'; choose one of int8"),
     (["import-hf", ".", "-o", "m.pt", "--variant", "sideways"], "unknown variant 'sideways'"),
-    (["eval", "nope.pt"], "file 'nope.pt' does not exist"),
+    (["eval", "nope.pt"], "checkpoint nope.pt does not exist"),
     (["eval", "m.pt", "--task", "copying"], "unknown task 'copying'"),
     (["quant-check", "m.pt", "art", "--task", "copying"], "unknown task 'copying'"),
-    (["export", "."], "file '.' is a directory"),
-    (["quant-check", "nope.pt", "art"], "file 'nope.pt' does not exist"),
-    (["import-hf", "nope", "-o", "m.pt"], "dir 'nope' does not exist"),
-    (["train", "-o", "m.pt", "--init", "nope.pt"], "file 'nope.pt' does not exist"),
+    (["export", "."], "checkpoint . is a directory, not a file"),
+    (["quant-check", "loop.pt", "art"], "checkpoint loop.pt is a broken symlink or a symlink loop"),
+    (["export-hf", "nope.pt", "-o", "hf"], "checkpoint nope.pt does not exist"),
+    (["train", "-o", "m.pt", "--init", "nope.pt"], "checkpoint nope.pt does not exist"),
+    (["train", "-o", "m.pt", "--tokenizer", "."], "tokenizer . is a directory, not a file"),
 ])
 def test_bad_names_and_missing_files_are_refused_before_torch(tmp_path, argv, message):
     """Names are checked against their torch-free tables, and the input files of the torch
-    commands for existence, while the options are parsed: the refusal comes before the
-    command imports torch (it took about 2 s, torch's import)."""
+    commands (in the library's words), while the options are parsed: the refusal comes before
+    the command imports torch (it took about 2 s, torch's import)."""
     code = ("import sys; from psa_edge.cli import main; sys.argv = ['psa-edge', *sys.argv[1:]]\n"
             "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 2, exc.code\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    (tmp_path / "loop.pt").symlink_to("loop.pt")
     result = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == ["loop.pt"]
 
 
 def test_help_names_every_choice_and_cuts_nothing():
