@@ -57,8 +57,8 @@ TEXT_STAGES = ("read corpus", "train BPE", "tokenize")
 
 def text_task(spec: TrainSpec, tokenizer=None, started: Callable[[str], None] = lambda s: None):
     """The corpus of `spec.text` as a task; its BPE trained here unless `tokenizer` is given.
-    `started(stage)` as each of `TEXT_STAGES` begins (on the whole standard library, about
-    40 s before the first step)."""
+    `started(stage)` as each of `TEXT_STAGES` begins (on the whole standard library they take
+    tens of seconds before the first step)."""
     from psa_edge.model.config import PRESETS
     from psa_edge.tasks.text import TextTask, read_corpus
     from psa_edge.tokenizer import train_bpe
