@@ -25,7 +25,7 @@ from psa_edge.io import check_output, manifest_path, refuse_overlap, sha256_file
 from psa_edge.model.checkpoint import (WEIGHT_DTYPES, load_checkpoint, read_state,
                                        save_checkpoint, save_state)
 from psa_edge.model.transformer import PSATransformer
-from psa_edge.tasks import EVAL_SEED, get_task, task_from_dict
+from psa_edge.tasks import EVAL_SEED, SPLITS, get_task, task_from_dict
 from psa_edge.tokenizer import Tokenizer
 from psa_edge.train.trainer import Replica, TrainSpec, build_model, evaluate, train
 
@@ -76,7 +76,7 @@ def text_task(spec: TrainSpec, tokenizer=None, started: Callable[[str], None] = 
                                      spec.device))
     task = TextTask(corpus, tokenizer, spec.task_params.get("seq_len", 256))
     started("tokenize")
-    for split in ("train", "test"):  # a split too short for one sequence is refused now
+    for split in SPLITS:  # a split too short for one sequence is refused now
         task.split_stream(split)
     return task
 
