@@ -77,13 +77,51 @@ def input_file(what: str):
     return check
 
 
+def output_path(directory: bool = False):
+    """A typer callback refusing an output that cannot be written (`io.check_output`: a missing
+    or read-only parent; a folder where a file goes; a folder that is not an artifact's), while
+    the options are parsed. The library checks it again, with the inputs it must not overwrite."""
+    def check(value):
+        from psa_edge.io import check_output
+
+        if value is not None:
+            try:
+                check_output(value, directory=directory)
+            except PsaEdgeError as exc:
+                raise typer.BadParameter(str(exc))
+        return value
+    return check
+
+
+def device_name(value: str) -> str:
+    """A typer callback refusing a device name the trainer does not know; whether the device
+    is there is torch's to say, after its import."""
+    from psa_edge.train import DEVICES, known_device
+
+    if not known_device(value):
+        raise typer.BadParameter(f"unknown device {value!r}; choose one of {', '.join(DEVICES)}")
+    return value
+
+
+def corpus_paths(values):
+    """A typer callback refusing a `--text` argument that is neither a path that exists nor a
+    glob pattern; what the paths hold is read after the command starts."""
+    from psa_edge.tasks.text import names_nothing
+
+    for spec in values or ():
+        if names_nothing(spec):
+            raise typer.BadParameter(f"{spec} does not exist")
+    return values
+
+
 @app.command(short_help="Train a model; write checkpoint, metrics, curve.")
 def train(
-    output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
+    output: Path = typer.Option(..., "-o", "--output", callback=output_path(),
+                                help="Checkpoint to write (model.pt)."),
     task: str = typer.Option("ih-safari", callback=one_of("task", "psa_edge.tasks", "TASKS"),
                              help="ih-safari, ih-sht, ih-offset or mqar."),
     text: Optional[list[str]] = typer.Option(
-        None, "--text", help="Train a language model on these files, folders or globs "
+        None, "--text", callback=corpus_paths, help="Train a language model on these files, folders or globs "
         "(repeatable) instead of a task, with a byte-level BPE trained on them."),
     vocab_size: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
                                              help="Text: BPE vocabulary (default: the "
@@ -114,7 +152,8 @@ def train(
     seq_len: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
                                           help="Sequence length (default: the task's; "
                                           "256 for text)."),
-    device: str = typer.Option("auto", help="auto (a GPU when there is one), cpu or cuda."),
+    device: str = typer.Option("auto", callback=device_name,
+                               help="auto (a GPU when there is one), cpu, cuda or cuda:N."),
     compile_model: bool = typer.Option(False, "--compile", help="torch.compile the training "
                                        "forward."),
     nproc: int = typer.Option(1, min=1, max=THREADS_MAX,
@@ -134,7 +173,10 @@ def train(
     tokenizer: Optional[Path] = typer.Option(None, callback=input_file("tokenizer"),
                                              help="Text: use this tokenizer.json instead of "
                                              "training one."),
-    weights_dtype: str = typer.Option("float32", help="Storage precision of the checkpoint's "
+    weights_dtype: str = typer.Option("float32",
+                                      callback=one_of("weights dtype", "psa_edge.model.config",
+                                                      "WEIGHT_DTYPES"),
+                                      help="Storage precision of the checkpoint's "
                                       "weights: float32, float16 or bfloat16 (half the "
                                       "file; the model still computes in float32)."),
 ) -> None:
@@ -219,6 +261,7 @@ def export(
                                                           "BACKENDS"),
                                help="xnnpack, portable or onnx."),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                          callback=output_path(directory=True),
                                           help="Artifact folder to write (default: beside the "
                                           "checkpoint, named after it, the target and form)."),
     max_seq_len: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
@@ -250,13 +293,14 @@ def export(
 ) -> None:
     """Export a checkpoint to ONNX or ExecuTorch, check it against the float reference, and write
     the artifact folder (model, tokenizer, manifest) in one step (docs/spec.md §8)."""
-    from psa_edge.display import print_summary, stage_bar
     from psa_edge.errors import ExportError
-    from psa_edge.export.pipeline import STAGES, ExportRequest, run_export
-    from psa_edge.export.quantize import WEIGHT_BLOCK, QuantSpec
 
     if group_size is not None and not quantize:
         raise ExportError("--group-size needs --quantize int4 or int8-block")
+    from psa_edge.display import print_summary, stage_bar
+    from psa_edge.export.pipeline import STAGES, ExportRequest, run_export
+    from psa_edge.export.quantize import WEIGHT_BLOCK, QuantSpec
+
     group = WEIGHT_BLOCK if group_size is None else group_size
     quant = (QuantSpec(quantize, calibration_samples, calibration_seed, keep_shear_fp32, group)
              if quantize else None)
@@ -273,7 +317,8 @@ def export(
 def import_hf_cmd(
     folder: Path = typer.Argument(..., help="A LlamaForCausalLM save_pretrained folder "
                                   "(config.json, safetensors, tokenizer.json)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Checkpoint to write (model.pt)."),
+    output: Path = typer.Option(..., "-o", "--output", callback=output_path(),
+                                help="Checkpoint to write (model.pt)."),
     variant: Optional[str] = typer.Option(
         None, callback=one_of("variant", "psa_edge.model.config", "VARIANTS"),
         help="The shear to give it: baseline, key-only, symmetric or query-only (default: the "
@@ -294,8 +339,8 @@ def import_hf_cmd(
 @app.command(name="export-hf", short_help="A checkpoint to a transformers folder.")
 def export_hf_cmd(
     checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"), help="model.pt"),
-    output: Path = typer.Option(..., "-o", "--output", help="Folder to write (new, or one "
-                                "psa-edge wrote before)."),
+    output: Path = typer.Option(..., "-o", "--output", callback=output_path(directory=True),
+                                help="Folder to write (new, or one psa-edge wrote before)."),
 ) -> None:
     """Write the save_pretrained layout: config.json, model.safetensors, generation and tokenizer
     files; a sheared model carries its modeling code (load it with trust_remote_code=True)."""

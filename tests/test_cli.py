@@ -95,21 +95,36 @@ def test_help_is_fast_and_torch_free():
     (["export-hf", "nope.pt", "-o", "hf"], "checkpoint nope.pt does not exist"),
     (["train", "-o", "m.pt", "--init", "nope.pt"], "checkpoint nope.pt does not exist"),
     (["train", "-o", "m.pt", "--tokenizer", "."], "tokenizer . is a directory, not a file"),
+    (["train", "-o", "m.pt", "--weights-dtype", "int8"],
+     "unknown weights dtype 'int8'; choose one of float32, float16, bfloat16"),
+    (["train", "-o", "m.pt", "--device", "tpu"], "unknown device 'tpu'; choose one of auto, cpu"),
+    (["train", "-o", "m.pt", "--device", "cuda:one"], "unknown device 'cuda:one'"),
+    (["train", "-o", "missing/m.pt"], "output directory missing does not exist"),
+    (["train", "-o", "."], ". is a directory; name a file to write"),
+    (["train", "-o", "m.pt", "--text", "nope/*.py", "--text", "nope"], "nope does not exist"),
+    (["export", "model.pt", "-o", "model.pt"], "model.pt exists and is not a psa-edge artifact"),
+    (["export", "model.pt", "--group-size", "64"], "--group-size needs --quantize int4"),
+    (["export-hf", "model.pt", "-o", "missing/hf"], "output directory missing does not exist"),
+    (["import-hf", "nope", "-o", "m.pt"], "nope is not a folder"),
+    (["import-hf", ".", "-o", "m.pt"], ". has no config.json"),
+    (["import-hf", ".", "-o", "missing/m.pt"], "output directory missing does not exist"),
 ])
 def test_bad_names_and_missing_files_are_refused_before_torch(tmp_path, argv, message):
     """Names are checked against their torch-free tables, and the input files of the torch
     commands (in the library's words), while the options are parsed: the refusal comes before
-    the command imports torch (it took about 2 s, torch's import)."""
+    the command imports torch (it took about 2 s, torch's import). So are the outputs that
+    cannot be written, the corpus paths that name nothing and the Hugging Face folder's files."""
     code = ("import sys; from psa_edge.cli import main; sys.argv = ['psa-edge', *sys.argv[1:]]\n"
             "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 2, exc.code\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     (tmp_path / "loop.pt").symlink_to("loop.pt")
+    (tmp_path / "model.pt").write_bytes(b"")  # a regular file: what is in it is read later
     result = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert os.listdir(tmp_path) == ["loop.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["loop.pt", "model.pt"]
 
 
 def test_help_names_every_choice_and_cuts_nothing():
@@ -119,10 +134,11 @@ def test_help_names_every_choice_and_cuts_nothing():
 
     from psa_edge.cli import app
     from psa_edge.contract import BACKENDS, FORMS, SCHEMES
-    from psa_edge.model.config import PRESETS, VARIANTS
+    from psa_edge.model.config import PRESETS, VARIANTS, WEIGHT_DTYPES
     from psa_edge.tasks import TASKS
+    from psa_edge.train import DEVICES
 
-    choices = {"train --help": [*TASKS, *PRESETS, *VARIANTS],
+    choices = {"train --help": [*TASKS, *PRESETS, *VARIANTS, *WEIGHT_DTYPES, *DEVICES],
                "export --help": [*BACKENDS, *FORMS, *SCHEMES], "import-hf --help": VARIANTS}
     runner = CliRunner()
     commands = [c.name or c.callback.__name__ for c in app.registered_commands]
@@ -143,7 +159,6 @@ def test_help_names_every_choice_and_cuts_nothing():
     (["--task", "copying"], "unknown task"),
     (["--variant", "baseline", "--gamma", "0.5"], "contradicts variant"),
     (["--variant", "key-only", "--gamma", "0"], "contradicts variant"),
-    (["--weights-dtype", "int8"], "--weights-dtype 'int8': choose one of float32"),
 ])
 def test_train_bad_input(tmp_path, args, message):
     out = tmp_path / "m.pt"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from psa_edge.errors import TaskError
-from psa_edge.tasks import IGNORE, get_task, is_test_example
+from psa_edge.tasks import IGNORE, get_task, is_test_example, scored_task
 
 
 @pytest.mark.parametrize("name", ["ih-safari", "ih-offset", "ih-sht", "mqar"])
@@ -96,3 +96,19 @@ def test_scores():
 def test_bad_task_input(call):
     with pytest.raises(TaskError):
         call()
+
+
+def test_the_scored_task_is_the_recorded_one_unless_another_is_named():
+    """eval and quant-check pick the task the same way (`scored_task`): the model's own, or the
+    named one, with the recorded parameters when it names the same task."""
+    recorded = get_task("ih-sht", seq_len=64).to_dict()
+    own = scored_task(recorded, None, None, 64, "m.pt")
+    assert (own.name, own.seq_len) == ("ih-sht", 64)
+    named = scored_task(recorded, "ih-sht", None, 64, "m.pt")
+    assert named.seq_len == 64  # quant-check took the task's defaults (256) here
+    other = scored_task(recorded, "ih-safari", None, 20, "m.pt")
+    assert (other.name, other.seq_len) == ("ih-safari", 30)
+    with pytest.raises(TaskError, match="m.pt records no task; pass --task"):
+        scored_task(None, None, None, 64, "m.pt")
+    with pytest.raises(TaskError, match="task ih-sht has vocabulary 64, the model's is 20"):
+        scored_task(recorded, None, None, 20, "m.pt")

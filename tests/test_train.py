@@ -3,6 +3,7 @@ resuming against an uninterrupted run, the device of every tensor the model buil
 run where there is one."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,9 @@ import torch
 from conftest import REPO
 from psa_edge.model.checkpoint import read_checkpoint
 from psa_edge.tasks import get_task
-from psa_edge.train.trainer import TrainSpec, evaluate, lr_at, train
+from psa_edge.errors import ConfigError
+from psa_edge.train import known_device
+from psa_edge.train.trainer import TrainSpec, evaluate, lr_at, resolve_device, train
 
 SHORT = ["--task", "ih-sht", "--seq-len", "32", "--preset", "tiny", "--layers", "2", "--steps",
          "6", "--batch-size", "8", "--eval-every", "3", "--eval-samples", "16", "--lr", "0.01",
@@ -41,6 +44,24 @@ def test_key_only_beats_baseline_in_a_short_run():
     assert psa.steps_to_90 is not None and base.steps_to_90 is None
     # evaluate() scores the same held-out set the trainer used
     assert evaluate(psa.model, psa.task, 512)["accuracy"] == psa.final["accuracy"]
+
+
+@pytest.mark.parametrize("name,known", [
+    ("auto", True), ("cpu", True), ("cuda", True), ("cuda:0", True), ("cuda:12", True),
+    ("cuda:", False), ("cuda:-1", False), ("cuda:0:1", False), ("CPU", False), ("gpu", False),
+])
+def test_device_names(name, known):
+    """The CLI refuses an unknown name before torch's import (`known_device`); the trainer's
+    own check is the same rule, and says when a known CUDA device is not here."""
+    assert known_device(name) is known
+    if not known:
+        with pytest.raises(ConfigError, match=f"unknown device '{re.escape(name)}'"):
+            resolve_device(name)
+    elif name.startswith("cuda") and not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA GPU is available here"):
+            resolve_device(name)
+    else:
+        assert resolve_device(name) in ("cpu", "cuda", name)
 
 
 def test_lr_schedule():

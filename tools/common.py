@@ -158,12 +158,16 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
                 twin: bool = False, form: str = "explicit-state",
                 max_seq_len: int | None = None) -> Path:
     """An artifact of `checkpoint` at `folder`, exported unless one is there that this psa-edge
-    would write the same way (same source, graph I/O, and weight and activation layouts)."""
-    from psa_edge.contract import GraphIO
+    would write the same way (same source, graph I/O, weight and activation layouts, and files:
+    a build an older psa-edge wrote can hold a side file this one no longer writes)."""
+    from psa_edge.checks.verify import REFERENCE
+    from psa_edge.contract import MODEL_FILES, GraphIO
     from psa_edge.errors import PsaEdgeError
     from psa_edge.export.pipeline import TARGETS, ExportRequest, run_export
     from psa_edge.export.quantize import calibration_record
     from psa_edge.io import read_artifact, sha256_file
+    from psa_edge.model.config import ModelConfig
+    from psa_edge.tokenizer import FILES as TOKENIZER_FILES
 
     spec = quant_spec(quant) if quant else None
     layouts = ("weights", "activations")
@@ -176,7 +180,12 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
                 and (max_seq_len is None or m["max_seq_len"] == max_seq_len)
                 and [(m["quantization"] or {}).get(k) for k in layouts]
                 == [(expected or {}).get(k) for k in layouts])
-    except (PsaEdgeError, KeyError):
+        side = TARGETS[target].side_files(ModelConfig.from_dict(m["config"]), m["max_seq_len"],
+                                          form)
+        same = same and set(m["files"]) == {MODEL_FILES[target], REFERENCE, *TOKENIZER_FILES,
+                                            *side} and all(
+            json.loads((folder / name).read_text()) == content for name, content in side.items())
+    except (PsaEdgeError, KeyError, OSError, ValueError):
         same = False
     if not same:
         run_export(ExportRequest(checkpoint, target, folder, max_seq_len, twin, form, spec))

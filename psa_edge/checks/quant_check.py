@@ -30,7 +30,7 @@ import numpy as np
 from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ArtifactError, TaskError
 from psa_edge.io import read_artifact, sha256_file
-from psa_edge.tasks import EVAL_SEED, IGNORE, get_task, task_from_dict
+from psa_edge.tasks import EVAL_SEED, IGNORE, scored_task
 
 
 @dataclass(frozen=True)
@@ -138,15 +138,8 @@ def prepare(checkpoint: Path, artifact: Path, task_name: str | None = None, samp
     manifest = read_artifact(artifact).manifest
     check_source(checkpoint, artifact, manifest)
     reference = Reference.of_artifact(manifest, checkpoint)
-    if task_name is None:
-        if not (manifest.get("source_checkpoint") or {}).get("task"):
-            raise TaskError(f"{checkpoint} records no task; pass --task")
-        task = task_from_dict(manifest["source_checkpoint"]["task"], reference.model.tokenizer)
-    else:
-        task = get_task(task_name)
-    if task.vocab_size != reference.vocab_size:
-        raise TaskError(f"task {task.name} has vocabulary {task.vocab_size}, the model's is "
-                        f"{reference.vocab_size}")
+    task = scored_task((manifest.get("source_checkpoint") or {}).get("task"), task_name,
+                       reference.model.tokenizer, reference.vocab_size, checkpoint)
     inputs, targets = task.sample("test", samples, seed)
     length = min(inputs.shape[1], manifest["max_seq_len"])
     return Plan(checkpoint, artifact, manifest, reference, task, inputs[:, :length],

@@ -146,11 +146,7 @@ def read_safetensors(folder: Path) -> dict:
 
 def import_hf(folder: Path, output: Path, variant: str | None = None,
               gamma: float | None = None) -> dict:
-    import torch
-
-    from psa_edge.model.checkpoint import save_checkpoint
     from psa_edge.model.config import ModelConfig, gammas_for
-    from psa_edge.model.transformer import PSATransformer
     from psa_edge.tokenizer import Tokenizer
 
     folder, output = Path(folder), Path(output)
@@ -173,6 +169,11 @@ def import_hf(folder: Path, output: Path, variant: str | None = None,
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
                           f"{cfg.vocab_size}")
+    import torch  # after every check of the folder, so that a bad one is refused at once
+
+    from psa_edge.model.checkpoint import save_checkpoint
+    from psa_edge.model.transformer import PSATransformer
+
     tensors = read_safetensors(folder)
     if cfg.tie_word_embeddings:
         tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))

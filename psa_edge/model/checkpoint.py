@@ -29,7 +29,7 @@ import torch
 from psa_edge.errors import CheckpointError, ConfigError, PsaEdgeError
 from psa_edge.io import (atomic_output, atomic_outputs, dumps, manifest_path, not_a_file,
                          sha256_bytes, versions)
-from psa_edge.model.config import ModelConfig
+from psa_edge.model.config import WEIGHT_DTYPES, ModelConfig
 from psa_edge.model.transformer import PSATransformer
 from psa_edge.tokenizer import Tokenizer
 
@@ -37,9 +37,6 @@ FORMAT_TAG = "psa-edge-checkpoint"
 STATE_TAG = "psa-edge-train-state"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-# Storage precisions of the weights: float16 halves a shipped file (models/psa-code.pt) at a
-# relative rounding of at most 2^-11 per weight; its effect on perplexity: docs/code-model.md.
-WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def tokenizer_of(model: PSATransformer) -> Tokenizer:

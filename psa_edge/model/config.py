@@ -24,6 +24,10 @@ from psa_edge.errors import ConfigError
 VARIANTS = ("baseline", "key-only", "symmetric", "query-only")
 DEFAULT_VARIANT = "key-only"
 DEFAULT_GAMMA = 0.8
+# Storage precisions of a checkpoint's weights: float16 halves a shipped file
+# (models/psa-code.pt) at a relative rounding of at most 2^-11 per weight; its effect on
+# perplexity: docs/code-model.md.
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Contract:
 - `get_task(name, **params)` returns a `Task`; unknown names or parameters raise `TaskError`.
   Text corpora are the other kind of task (`text.TextTask`, the same interface);
-  `task_from_dict` rebuilds either from what a checkpoint recorded.
+  `task_from_dict` rebuilds either from what a checkpoint recorded; `scored_task` picks the
+  task eval and quant-check score a model on (its own, or the one named, of its vocabulary).
 - `Task.sample(split, n, seed)` is deterministic in `(split, n, seed)`. The split of an example is
   a fixed function of its tokens (a hash), so the train and test splits can never share an example
   whatever seeds are used.
@@ -151,3 +152,23 @@ def task_from_dict(d: dict, tokenizer=None):
         return TextTask(corpus_from_record(params["corpus"]), tokenizer, params["seq_len"],
                         params["val_percent"])
     return get_task(d["name"], **d.get("params", {}))
+
+
+def scored_task(recorded: dict | None, name: str | None, tokenizer, vocab_size: int,
+                source) -> object:
+    """The task a model from `source` is scored on (eval, quant-check): the one it recorded,
+    unless `name` picks another, with the recorded parameters when it names the same task.
+    Refused when none is recorded and none is named, or when the task's vocabulary is not the
+    model's `vocab_size`."""
+    recorded = recorded or {}
+    if name is None:
+        if not recorded:
+            raise TaskError(f"{source} records no task; pass --task")
+        task = task_from_dict(recorded, tokenizer)
+    else:
+        task = get_task(name, **(recorded.get("params", {}) if recorded.get("name") == name
+                                 else {}))
+    if task.vocab_size != vocab_size:
+        raise TaskError(f"task {task.name} has vocabulary {task.vocab_size}, the model's is "
+                        f"{vocab_size}")
+    return task

@@ -22,10 +22,10 @@ from typing import Callable
 
 from psa_edge.errors import ConfigError, TaskError
 from psa_edge.io import check_output, manifest_path, refuse_overlap, sha256_file
-from psa_edge.model.checkpoint import (WEIGHT_DTYPES, load_checkpoint, read_state,
-                                       save_checkpoint, save_state)
+from psa_edge.model.checkpoint import load_checkpoint, read_state, save_checkpoint, save_state
+from psa_edge.model.config import WEIGHT_DTYPES
 from psa_edge.model.transformer import PSATransformer
-from psa_edge.tasks import EVAL_SEED, SPLITS, get_task, task_from_dict
+from psa_edge.tasks import EVAL_SEED, SPLITS, get_task, scored_task, task_from_dict
 from psa_edge.tokenizer import Tokenizer
 from psa_edge.train.trainer import Replica, TrainSpec, build_model, evaluate, train
 
@@ -101,7 +101,7 @@ def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
     """The plan of a run; `started(stage)` as each stage of a text task begins (`text_task`)."""
     output = Path(output)
     if spec.weights_dtype not in WEIGHT_DTYPES:  # refused now, not after the training
-        raise ConfigError(f"--weights-dtype {spec.weights_dtype!r}: choose one of "
+        raise ConfigError(f"unknown weights dtype {spec.weights_dtype!r}; choose one of "
                           f"{', '.join(WEIGHT_DTYPES)}")
     for path in outputs_of(output):
         check_output(path)
@@ -225,17 +225,8 @@ def eval_target(checkpoint: Path, task_name: str | None) -> tuple[PSATransformer
     """The checkpoint's model and the task to score it on (the one it recorded by default);
     refused when it records none or the task's vocabulary is not the model's."""
     model, metadata = load_checkpoint(checkpoint)
-    recorded = metadata.get("task") or {}
-    if task_name is None:
-        if not recorded:
-            raise TaskError(f"{checkpoint} records no task; pass --task")
-        task = task_from_dict(recorded, model.tokenizer)
-    else:
-        task = get_task(task_name, **(recorded.get("params", {})
-                                      if recorded.get("name") == task_name else {}))
-    if task.vocab_size != model.cfg.vocab_size:
-        raise TaskError(f"task {task.name} has vocabulary {task.vocab_size}, "
-                        f"the model's is {model.cfg.vocab_size}")
+    task = scored_task(metadata.get("task"), task_name, model.tokenizer, model.cfg.vocab_size,
+                       checkpoint)
     return model, task
 
 

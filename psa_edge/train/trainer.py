@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from psa_edge.errors import ConfigError
 from psa_edge.model import PSATransformer, preset_config
 from psa_edge.tasks import EVAL_SEED, IGNORE
+from psa_edge.train import DEVICES, known_device
 
 TARGET_ACCURACY = 0.9
 
@@ -115,8 +116,8 @@ class Replica:
 def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise ConfigError(f"unknown device {name!r}; choose auto, cpu or cuda")
+    if not known_device(name):
+        raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA GPU is available here (torch sees none)")
     return name
