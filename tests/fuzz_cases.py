@@ -31,12 +31,16 @@ TIMEOUT_S = 180
 FSIZE_LIMIT = 64_000  # bytes a "full disk" lets a command write
 FAILURES = ("traceback", "signal", "hang", "wrong-exit-0", "left-files", "bad-refusal")
 GEN = ["generate", "{art}", "--prompt-ids", "1,2,3", "-n", "4"]
+TRAIN = ["train", "--task", "ih-sht", "--steps", "2", "--eval-every", "1", "--eval-samples", "4",
+         "--batch-size", "2"]
 COMMANDS = {  # template -> (command, files a successful run may write)
     "generate": (GEN, ()), "inspect": (["inspect", "{art}", "--json"], ()),
     "generate-pt": (["generate", "model.pt", "--prompt-ids", "1,2", "-n", "3"], ()),
     "eval": (["eval", "model.pt", "--samples", "8", "--json"], ()),
     "export": (["export", "model.pt", "--target", "onnx", "-o", "new", "--json"], ("new",)),
     "bench": (["bench", "{art}", "-p", "4", "-n", "4", "-r", "1", "--json"], ()),
+    "train": ([*TRAIN, "-o", "new.pt"], ("new.pt", "new.pt.json", "new.metrics.jsonl",
+                                        "new.curve.png")),
 }
 
 
@@ -182,6 +186,10 @@ BAD_ARGS = [  # (template, option, values that must be refused)
     ("export", "--target", ["tpu", ""]), ("export", "--quantize", ["int3", "fp8"]),
     ("export", "--form", ["eager"]), ("export", "--calibration-samples", ["0", "-1"]),
     ("export", "--group-size", ["48", "0", "-32", "64"]),
+    ("train", "--device", ["tpu", "cuda:", "cuda:x", "CPU", ""]),
+    ("train", "--weights-dtype", ["int8", "float64", ""]),
+    ("train", "--text", ["missing", "missing/*.py"]), ("train", "--preset", ["psa-1b", ""]),
+    ("train", "--seq-len", ["1", "-1"]), ("train", "--lr", ["0", "nan", "-1"]),
 ]
 BAD_OUTPUTS = [  # (command, must a run refuse) in a folder holding model.pt and art/
     (["export", "model.pt", "--target", "onnx", "-o", "model.pt"], True),
@@ -189,17 +197,15 @@ BAD_OUTPUTS = [  # (command, must a run refuse) in a folder holding model.pt and
     (["export", "model.pt", "--target", "onnx", "-o", "/proc/psa-edge-out"], True),
     (["export", "model.pt", "--target", "onnx", "-o", "missing/dir/out"], True),
     (["export", "model.pt", "--target", "onnx", "-o", "model.pt.json"], True),
-    (["train", "--task", "ih-sht", "--steps", "2", "--eval-every", "1", "--eval-samples", "4",
-      "--batch-size", "2", "-o", "model.pt", "--init", "model.pt"], True),
-    (["train", "--task", "ih-sht", "--steps", "2", "--eval-every", "1", "--eval-samples", "4",
-      "--batch-size", "2", "-o", "/proc/x.pt"], True),
+    ([*TRAIN, "-o", "model.pt", "--init", "model.pt"], True),
+    ([*TRAIN, "-o", "/proc/x.pt"], True), ([*TRAIN, "-o", "."], True),
+    ([*TRAIN, "-o", "missing/new.pt"], True),
     (["bench", "{art}", "-p", "4", "-n", "4", "-r", "1", "--plot", "{art}/model.onnx"], True),
     (["export-hf", "model.pt", "-o", "."], True), (["bundle", "{art}", "-o", "{art}"], True),
     (["import-hf", "{art}", "-o", "{art}/tokenizer.json"], True),
 ]
 FULL_DISK = [["export", "model.pt", "--target", "onnx", "-o", "new"],
-             ["train", "--task", "ih-sht", "--steps", "2", "--eval-every", "1",
-              "--eval-samples", "4", "--batch-size", "2", "-o", "new.pt"],
+             [*TRAIN, "-o", "new.pt"],
              ["export-hf", "model.pt", "-o", "hf"]]
 CLASSES = {"onnx-bytes": 5, "pte-bytes": 1, "manifest": 5, "checkpoint": 2, "argument": 4,
            "output": 1}
