@@ -121,8 +121,9 @@ def train(
     task: str = typer.Option("ih-safari", callback=one_of("task", "psa_edge.tasks", "TASKS"),
                              help="ih-safari, ih-sht, ih-offset or mqar."),
     text: Optional[list[str]] = typer.Option(
-        None, "--text", callback=corpus_paths, help="Train a language model on these files, folders or globs "
-        "(repeatable) instead of a task, with a byte-level BPE trained on them."),
+        None, "--text", callback=corpus_paths, help="Train a language model on these files, "
+        "folders or globs (repeatable) instead of a task, with a byte-level BPE trained on "
+        "them."),
     vocab_size: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
                                              help="Text: BPE vocabulary (default: the "
                                              "preset's, at least 512)."),
@@ -456,10 +457,12 @@ def verify(
 ) -> None:
     """KV-cache parity, prefix reuse, rollback and speculative decoding against the float
     reference (docs/spec.md §3, §5); exit 1 unless every check passes."""
+    from psa_edge.checks.verify import STAGES
     from psa_edge.checks.verify import verify as run_verify
-    from psa_edge.display import verify_table
+    from psa_edge.display import stage_bar, verify_table
 
-    report = run_verify(artifact, reference, twin)
+    with stage_bar("verify", STAGES, enabled=not as_json) as started:
+        report = run_verify(artifact, reference, twin, started=started)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

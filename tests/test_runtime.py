@@ -10,7 +10,7 @@ import torch
 
 from conftest import CASES, cli, copy_artifact, make_model, manifest_of
 from psa_edge.checks.reference import Reference
-from psa_edge.checks.verify import verify
+from psa_edge.checks.verify import STAGES, verify
 from psa_edge.errors import ArtifactError, SequenceError
 from psa_edge.model.checkpoint import load_checkpoint
 from psa_edge.model.transformer import twin_of
@@ -357,10 +357,12 @@ def test_verify_passes_on_float_artifacts(artifacts, checkpoints, name):
     variant = CASES[name][0]
     twin = {"onnx": "onnx-twin", "runner": "runner-twin", "fused": "fused-twin"}.get(name)
     twin = artifacts[twin] if twin else None
-    report = verify(artifacts[name], checkpoints[variant], twin)
+    stages = []
+    report = verify(artifacts[name], checkpoints[variant], twin, started=stages.append)
     failed = [c for c in report["checks"] if not c["passed"]]
     assert report["passed"], failed
     assert [row["ratio"] for row in report["cache"]] == [1.0] * len(report["cache"])
+    assert stages == list(STAGES)  # each began in order (the CLI's bar)
 
 
 def test_verify_catches_a_rollback_that_leaves_the_slot(artifacts, checkpoints, monkeypatch):

@@ -15,6 +15,7 @@ its measured error, tolerance and PASS/FAIL, and a cache-size table:
 5. greedy speculative decoding equals the target's own greedy decoding with a draft that always
    agrees (the artifact itself) and one that never does; a divergence is accepted only where
    the target's top-2 margin is below TIE_MARGIN, and reported.
+`verify(..., started)` reports each of `STAGES` as it begins (the command's progress bar).
 Tolerances (`reference.py`): an int8 artifact is compared with the reference within the int8
 bound and with itself (reuse, rollback) at fp32 tolerance. The reference is the eager forward of
 the checkpoint the manifest names (or `--reference`) where it and torch are present; elsewhere
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -265,11 +267,19 @@ def torch_available() -> bool:
         return False
 
 
+STAGES = ("open", "reference", "parity", "prefix reuse", "rollback", "cache parity",
+          "speculative")
+
+
 def verify(artifact: str | Path, reference: str | Path | None = None,
-           twin: str | Path | None = None, seed: int = 0) -> dict:
+           twin: str | Path | None = None, seed: int = 0,
+           started: Callable[[str], None] = lambda stage: None) -> dict:
+    """The report; `started(stage)` as each of `STAGES` begins."""
     artifact = Path(artifact)
+    started("open")
     session = open_session(artifact)
     manifest = session.manifest
+    started("reference")
     ref, eager = reference_for(artifact, manifest, Path(reference) if reference else None)
     twin_sizes = twin_sizer(session, eager, Path(twin) if twin else None)
     rng = np.random.default_rng(seed)
@@ -278,12 +288,17 @@ def verify(artifact: str | Path, reference: str | Path | None = None,
     expected = ref.probe(probes)
     tol = FP32_RTOL * logit_scale(expected)
     ref_tol = tolerance(expected, (manifest.get("quantization") or {}).get("scheme"))
-    checks = [check_parity(session, expected, tokens, ref_tol, rng),
-              check_prefix_reuse(session, probes, ref, tol, ref_tol),
-              check_rollback(session, tokens, tol, rng)]
+    started("parity")
+    checks = [check_parity(session, expected, tokens, ref_tol, rng)]
+    started("prefix reuse")
+    checks.append(check_prefix_reuse(session, probes, ref, tol, ref_tol))
+    started("rollback")
+    checks.append(check_rollback(session, tokens, tol, rng))
+    started("cache parity")
     max_len = session.io.max_seq_len
     cache_check, cache_rows = check_cache_parity(session, twin_sizes,
                                                  sorted({1, 17, max_len // 2, max_len}))
+    started("speculative")
     checks += [cache_check, check_speculative(artifact, session, tokens)]
     return {"artifact": str(artifact), "backend": session.backend, "form": session.io.form,
             "reference": ref.name, "quantization": (manifest.get("quantization")
