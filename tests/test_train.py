@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from conftest import REPO
+from psa_edge.errors import ConfigError
 from psa_edge.model.checkpoint import read_checkpoint
 from psa_edge.tasks import get_task
-from psa_edge.errors import ConfigError
 from psa_edge.train import known_device
 from psa_edge.train.trainer import TrainSpec, evaluate, lr_at, resolve_device, train
 
@@ -62,6 +62,15 @@ def test_device_names(name, known):
             resolve_device(name)
     else:
         assert resolve_device(name) in ("cpu", "cuda", name)
+
+
+def test_the_library_refuses_a_weights_dtype_before_any_work(tmp_path):
+    """The CLI refuses it while parsing; a caller of the Python API gets the same refusal."""
+    from psa_edge.train.run import prepare
+
+    with pytest.raises(ConfigError, match="unknown weights dtype 'int8'; choose one of float32"):
+        prepare(TrainSpec(weights_dtype="int8"), tmp_path / "m.pt")
+    assert os.listdir(tmp_path) == []
 
 
 def test_lr_schedule():
