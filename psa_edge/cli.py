@@ -77,53 +77,41 @@ def input_file(what: str):
     return check
 
 
-def output_path(directory: bool = False):
-    """A typer callback refusing an output that cannot be written (`io.check_output`: a missing
-    or read-only parent; a folder where a file goes; a folder that is not an artifact's), while
-    the options are parsed. The library checks it again, with the inputs it must not overwrite."""
+def library_check(module: str, function: str, **options):
+    """A typer callback running the library's own check `module.function(value, **options)` (on
+    each value of a repeatable option) while the options are parsed, before the command imports
+    torch; the check's refusal, in its words, is the usage error. The module is imported when
+    the option is checked. The library runs the same check again for callers of its API."""
     def check(value):
-        from psa_edge.io import check_output
-
-        if value is not None:
-            try:
-                check_output(value, directory=directory)
-            except PsaEdgeError as exc:
-                raise typer.BadParameter(str(exc))
+        if value is None:
+            return value
+        run = getattr(importlib.import_module(module), function)
+        try:
+            for item in value if isinstance(value, list) else [value]:
+                run(item, **options)
+        except PsaEdgeError as exc:
+            raise typer.BadParameter(str(exc))
         return value
     return check
 
 
-def device_name(value: str) -> str:
-    """A typer callback refusing a device name the trainer does not know; whether the device
-    is there is torch's to say, after its import."""
-    from psa_edge.train import DEVICES, known_device
-
-    if not known_device(value):
-        raise typer.BadParameter(f"unknown device {value!r}; choose one of {', '.join(DEVICES)}")
-    return value
-
-
-def corpus_paths(values):
-    """A typer callback refusing a `--text` argument that is neither a path that exists nor a
-    glob pattern; what the paths hold is read after the command starts."""
-    from psa_edge.tasks.text import names_nothing
-
-    for spec in values or ():
-        if names_nothing(spec):
-            raise typer.BadParameter(f"{spec} does not exist")
-    return values
+# Outputs that cannot be written: a missing or read-only parent, a folder where a file goes, a
+# folder that is not an artifact's (the library checks them again beside the inputs they must
+# not overwrite, which needs every argument).
+OUTPUT_FILE = library_check("psa_edge.io", "check_output")
+OUTPUT_FOLDER = library_check("psa_edge.io", "check_output", directory=True)
 
 
 @app.command(short_help="Train a model; write checkpoint, metrics, curve.")
 def train(
-    output: Path = typer.Option(..., "-o", "--output", callback=output_path(),
+    output: Path = typer.Option(..., "-o", "--output", callback=OUTPUT_FILE,
                                 help="Checkpoint to write (model.pt)."),
     task: str = typer.Option("ih-safari", callback=one_of("task", "psa_edge.tasks", "TASKS"),
                              help="ih-safari, ih-sht, ih-offset or mqar."),
     text: Optional[list[str]] = typer.Option(
-        None, "--text", callback=corpus_paths, help="Train a language model on these files, "
-        "folders or globs (repeatable) instead of a task, with a byte-level BPE trained on "
-        "them."),
+        None, "--text", callback=library_check("psa_edge.tasks.text", "check_corpus_path"),
+        help="Train a language model on these files, folders or globs (repeatable) instead of "
+        "a task, with a byte-level BPE trained on them."),
     vocab_size: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
                                              help="Text: BPE vocabulary (default: the "
                                              "preset's, at least 512)."),
@@ -153,7 +141,8 @@ def train(
     seq_len: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
                                           help="Sequence length (default: the task's; "
                                           "256 for text)."),
-    device: str = typer.Option("auto", callback=device_name,
+    device: str = typer.Option("auto",
+                               callback=library_check("psa_edge.train", "check_device"),
                                help="auto (a GPU when there is one), cpu, cuda or cuda:N."),
     compile_model: bool = typer.Option(False, "--compile", help="torch.compile the training "
                                        "forward."),
@@ -262,7 +251,7 @@ def export(
                                                           "BACKENDS"),
                                help="xnnpack, portable or onnx."),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
-                                          callback=output_path(directory=True),
+                                          callback=OUTPUT_FOLDER,
                                           help="Artifact folder to write (default: beside the "
                                           "checkpoint, named after it, the target and form)."),
     max_seq_len: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
@@ -318,7 +307,7 @@ def export(
 def import_hf_cmd(
     folder: Path = typer.Argument(..., help="A LlamaForCausalLM save_pretrained folder "
                                   "(config.json, safetensors, tokenizer.json)."),
-    output: Path = typer.Option(..., "-o", "--output", callback=output_path(),
+    output: Path = typer.Option(..., "-o", "--output", callback=OUTPUT_FILE,
                                 help="Checkpoint to write (model.pt)."),
     variant: Optional[str] = typer.Option(
         None, callback=one_of("variant", "psa_edge.model.config", "VARIANTS"),
@@ -340,7 +329,7 @@ def import_hf_cmd(
 @app.command(name="export-hf", short_help="A checkpoint to a transformers folder.")
 def export_hf_cmd(
     checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"), help="model.pt"),
-    output: Path = typer.Option(..., "-o", "--output", callback=output_path(directory=True),
+    output: Path = typer.Option(..., "-o", "--output", callback=OUTPUT_FOLDER,
                                 help="Folder to write (new, or one psa-edge wrote before)."),
 ) -> None:
     """Write the save_pretrained layout: config.json, model.safetensors, generation and tokenizer

@@ -14,7 +14,7 @@ from conftest import REPO
 from psa_edge.errors import ConfigError
 from psa_edge.model.checkpoint import read_checkpoint
 from psa_edge.tasks import get_task
-from psa_edge.train import known_device
+from psa_edge.train import check_device
 from psa_edge.train.trainer import TrainSpec, evaluate, lr_at, resolve_device, train
 
 SHORT = ["--task", "ih-sht", "--seq-len", "32", "--preset", "tiny", "--layers", "2", "--steps",
@@ -51,13 +51,16 @@ def test_key_only_beats_baseline_in_a_short_run():
     ("cuda:", False), ("cuda:-1", False), ("cuda:0:1", False), ("CPU", False), ("gpu", False),
 ])
 def test_device_names(name, known):
-    """The CLI refuses an unknown name before torch's import (`known_device`); the trainer's
-    own check is the same rule, and says when a known CUDA device is not here."""
-    assert known_device(name) is known
+    """The CLI refuses an unknown name before torch's import (`check_device`); the trainer's
+    own check is the same one, and says when a known CUDA device is not here."""
     if not known:
-        with pytest.raises(ConfigError, match=f"unknown device '{re.escape(name)}'"):
-            resolve_device(name)
-    elif name.startswith("cuda") and not torch.cuda.is_available():
+        for check in (check_device, resolve_device):
+            with pytest.raises(ConfigError, match=f"unknown device '{re.escape(name)}'; "
+                               "choose one of auto, cpu, cuda, cuda:N"):
+                check(name)
+        return
+    assert check_device(name) is None
+    if name.startswith("cuda") and not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA GPU is available here"):
             resolve_device(name)
     else:

@@ -81,14 +81,16 @@ def walk(folder: Path):
             yield path
 
 
-def names_nothing(spec: str) -> bool:
-    """Whether a corpus argument is neither a path that exists nor a glob pattern."""
-    return not Path(spec).exists() and not glob.has_magic(spec)
+def check_corpus_path(spec: str) -> None:
+    """Refuse a corpus argument that is neither a path that exists nor a glob pattern."""
+    if not Path(spec).exists() and not glob.has_magic(spec):
+        raise CorpusError(f"{spec} does not exist")
 
 
 def read_corpus(paths) -> Corpus:
     found: dict[Path, str] = {}
     for spec in map(str, paths):
+        check_corpus_path(spec)
         path = Path(spec)
         if path.is_file():
             text = read_text(path)
@@ -98,8 +100,6 @@ def read_corpus(paths) -> Corpus:
             continue
         matches = list(walk(path)) if path.is_dir() else [
             Path(m) for m in sorted(glob.glob(spec, recursive=True)) if Path(m).is_file()]
-        if not matches and names_nothing(spec):
-            raise CorpusError(f"{spec} does not exist")
         texts = {p.resolve(): t for p in matches if (t := read_text(p)) is not None}
         if not texts:
             raise CorpusError(f"{spec} holds no text file")

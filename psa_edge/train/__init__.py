@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import re
 
+from psa_edge.errors import ConfigError
+
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the N-th GPU, counted from 0
 
 
-def known_device(name: str) -> bool:
-    """Whether `name` is a device name the trainer takes (not whether that device is here)."""
-    return name in DEVICES[:-1] or re.fullmatch(r"cuda:\d+", name) is not None
+def check_device(name: str) -> None:
+    """Refuse a device name the trainer does not take; whether that device is here is torch's
+    to say (`trainer.resolve_device`)."""
+    if name not in DEVICES[:-1] and re.fullmatch(r"cuda:\d+", name) is None:
+        raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from psa_edge.errors import ConfigError
 from psa_edge.model import PSATransformer, preset_config
 from psa_edge.tasks import EVAL_SEED, IGNORE
-from psa_edge.train import DEVICES, known_device
+from psa_edge.train import check_device
 
 TARGET_ACCURACY = 0.9
 
@@ -116,8 +116,7 @@ class Replica:
 def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if not known_device(name):
-        raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+    check_device(name)
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA GPU is available here (torch sees none)")
     return name
