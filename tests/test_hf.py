@@ -116,6 +116,25 @@ print(json.dumps(out))
         assert tokens[:len(ours)] == ours[:len(tokens)] and len(tokens) >= 1, (tokens, ours)
 
 
+def test_import_hf_reads_the_shards_transformers_writes(hf_llama, imported, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from psa_edge.model.checkpoint import read_checkpoint
+
+    sharded = tmp_path / "sharded"
+    model = AutoModelForCausalLM.from_pretrained(str(hf_llama), dtype=torch.float32)
+    model.save_pretrained(str(sharded), max_shard_size="100KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (sharded / name).write_bytes((hf_llama / name).read_bytes())
+    shards = sorted(p.name for p in sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1 and not (sharded / "model.safetensors").exists(), shards
+    assert cli("import-hf", sharded, "-o", tmp_path / "m.pt").returncode == 0
+    ours = read_checkpoint(tmp_path / "m.pt")["state_dict"]
+    whole = read_checkpoint(imported["twin"])["state_dict"]
+    assert ours.keys() == whole.keys()
+    assert all(torch.equal(ours[k], whole[k]) for k in whole)
+
+
 @pytest.mark.parametrize("damage,message", [
     (lambda d: (d / "config.json").unlink(), "no config.json"),
     (lambda d: (d / "config.json").write_text(json.dumps({
@@ -127,6 +146,15 @@ print(json.dumps(out))
     (lambda d: (d / "model.safetensors").write_bytes(
         (d / "model.safetensors").read_bytes()[:1000]), "not a readable safetensors"),
     (lambda d: (d / "tokenizer.json").write_text("{not json"), "not a Hugging Face"),
+    (lambda d: (d / "model.safetensors").unlink(), "has no model.safetensors"),
+    (lambda d: (d / "model.safetensors.index.json").write_text('{"metadata": {}}'),
+     "has no weight_map"),
+    (lambda d: (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"lm_head.weight": "model-00002.safetensors"}})),
+     "has no model-00002.safetensors"),
+    (lambda d: (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"lm_head.weight": "../llama/model.safetensors"}})),
+     "names a shard outside its folder"),
 ])
 def test_import_hf_bad_input(hf_llama, tmp_path, damage, message):
     import shutil

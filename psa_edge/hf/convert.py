@@ -123,19 +123,37 @@ def check_llama(config: dict, path: Path) -> None:
         raise ConfigError(f"{path}: {name} = {value!r} is not implemented by psa-edge's model")
 
 
-def read_safetensors(folder: Path) -> dict:
-    """Every tensor of model.safetensors, or of its shards (model.safetensors.index.json)."""
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files that hold a folder's weights: model.safetensors, or the shards its
+    index names; refused when one is missing (checked before torch is imported)."""
+    index = folder / "model.safetensors.index.json"
+    names = shard_names(read_json(index, "the shard index"), index) if index.exists() else [
+        "model.safetensors"]
+    for name in names:
+        if not (folder / name).is_file():
+            raise CheckpointError(f"{folder} has no {name} (the weights, as safetensors)")
+    return [folder / name for name in names]
+
+
+def shard_names(index: dict, path: Path) -> list[str]:
+    """The shard files a model.safetensors.index.json names: plain file names in its folder."""
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{path} has no weight_map (tensor name -> shard file)")
+    names = sorted(set(map(str, weight_map.values())))
+    for name in names:
+        if Path(name).name != name or name in (".", ".."):
+            raise CheckpointError(f"{path} names a shard outside its folder: {name!r}")
+    return names
+
+
+def read_safetensors(paths: list[Path]) -> dict:
+    """Every tensor of the safetensors files `paths`."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    index = folder / "model.safetensors.index.json"
-    files = (sorted(set(read_json(index, "the shard index")["weight_map"].values()))
-             if index.exists() else ["model.safetensors"])
     tensors = {}
-    for name in files:
-        path = folder / name
-        if not path.is_file():
-            raise CheckpointError(f"{folder} has no {name} (the weights, as safetensors)")
+    for path in paths:
         try:
             tensors.update(load_file(str(path)))
         except (SafetensorError, OSError, ValueError) as exc:
@@ -169,12 +187,13 @@ def import_hf(folder: Path, output: Path, variant: str | None = None,
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
                           f"{cfg.vocab_size}")
+    weights = weight_files(folder)
     import torch  # after every check of the folder, so that a bad one is refused at once
 
     from psa_edge.model.checkpoint import save_checkpoint
     from psa_edge.model.transformer import PSATransformer
 
-    tensors = read_safetensors(folder)
+    tensors = read_safetensors(weights)
     if cfg.tie_word_embeddings:
         tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
     model = PSATransformer(cfg)
