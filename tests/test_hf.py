@@ -146,6 +146,10 @@ def test_import_hf_reads_the_shards_transformers_writes(hf_llama, imported, tmp_
     (lambda d: (d / "model.safetensors").write_bytes(
         (d / "model.safetensors").read_bytes()[:1000]), "not a readable safetensors"),
     (lambda d: (d / "tokenizer.json").write_text("{not json"), "not a Hugging Face"),
+    *[(lambda d, key=key, value=value: (d / "config.json").write_text(json.dumps({
+        **json.loads((d / "config.json").read_text()), key: value})), f"{key} = ")
+      for key, value in (("model_type", []), ("rope_scaling", 1.5), ("hidden_size", "64"),
+                         ("gamma_k", "x"), ("num_attention_heads", True))],
     (lambda d: (d / "model.safetensors").unlink(), "has no model.safetensors"),
     (lambda d: (d / "model.safetensors.index.json").write_text('{"metadata": {}}'),
      "has no weight_map"),

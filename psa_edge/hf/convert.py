@@ -102,21 +102,38 @@ def read_json(path: Path, what: str) -> dict:
     return data
 
 
+STRING, LIST, OBJECT, INTEGER, NUMBER = ((str,), "a string"), ((list,), "a list"), (
+    (dict,), "an object"), ((int,), "an integer"), ((int, float), "a number")
+TYPED_FIELDS = {  # what check_llama and import_hf read before ModelConfig checks the rest
+    "model_type": STRING, "architectures": LIST, "rope_scaling": OBJECT, "hidden_act": STRING,
+    "hidden_size": INTEGER, "num_attention_heads": INTEGER, "head_dim": INTEGER,
+    "gamma_k": NUMBER, "gamma_q": NUMBER, "psa_variant": STRING}
+
+
+def check_types(config: dict, path: Path) -> None:
+    """Refuse a field of the wrong JSON type (a bool is not a number here), so that no check
+    computes with it."""
+    for key, (kinds, kind) in TYPED_FIELDS.items():
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise ConfigError(f"{path}: {key} = {value!r} is not {kind}")
+
+
 def check_llama(config: dict, path: Path) -> None:
     """Refuse what the PSA model does not implement."""
+    check_types(config, path)
     archs = config.get("architectures") or []
     known = {"llama": ["LlamaForCausalLM"], "psa_llama": ["PSAForCausalLM"]}
     if archs not in (known.get(config.get("model_type")), []):
         raise ConfigError(f"{path}: {archs or config.get('model_type')} is not a "
                           f"LlamaForCausalLM; psa-edge imports Llama models only")
     unsupported = [(k, config.get(k)) for k in ("attention_bias", "mlp_bias") if config.get(k)]
-    if config.get("rope_scaling") not in (None, {}) and (config["rope_scaling"] or {}).get(
-            "rope_type", "default") != "default":
+    if (config.get("rope_scaling") or {}).get("rope_type", "default") != "default":
         unsupported.append(("rope_scaling", config["rope_scaling"]))
     if config.get("hidden_act", "silu") != "silu":
         unsupported.append(("hidden_act", config["hidden_act"]))
     heads = config.get("num_attention_heads") or 1
-    if config.get("head_dim") not in (None, config.get("hidden_size", 0) // heads):
+    if config.get("head_dim") not in (None, (config.get("hidden_size") or 0) // heads):
         unsupported.append(("head_dim", config["head_dim"]))
     if unsupported:
         name, value = unsupported[0]
