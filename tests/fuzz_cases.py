@@ -2,7 +2,8 @@
 
 Each case runs one `psa-edge` command in a fresh folder holding copies of a checkpoint and of
 its ONNX and XNNPACK artifacts, one of them damaged (an artifact's bytes with its manifest
-re-hashed, its manifest, the checkpoint), or with a bad argument or output, or on a full disk.
+re-hashed, its manifest, the checkpoint), or a damaged Hugging Face folder (the checkpoint's
+export-hf) for import-hf, or with a bad argument or output, or on a full disk.
 Its outcome is `ok` (exit 0 with what the undamaged input gives), `refused` (exit 2 and one line
 `error: ...` on stderr), or a failure: `traceback`, `signal` (a native abort), `hang` (past
 TIMEOUT_S), `wrong-exit-0` (exit 0 on input that must be refused, or with other output),
@@ -41,6 +42,7 @@ COMMANDS = {  # template -> (command, files a successful run may write)
     "bench": (["bench", "{art}", "-p", "4", "-n", "4", "-r", "1", "--json"], ()),
     "train": ([*TRAIN, "-o", "new.pt"], ("new.pt", "new.pt.json", "new.metrics.jsonl",
                                         "new.curve.png")),
+    "import-hf": (["import-hf", "hf", "-o", "new.pt"], ("new.pt", "new.pt.json")),
 }
 
 
@@ -143,6 +145,33 @@ def damage_checkpoint(rng: random.Random, payload: dict):
     return payload
 
 
+HF_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def damage_hf(rng: random.Random, folder: Path) -> None:
+    """Damage a save_pretrained folder in place: a config field, a file's bytes, a missing
+    file, a junk config, or a shard index that lies."""
+    how = rng.choice(["config", "config", "bytes", "bytes", "drop", "whole", "index"])
+    config = json.loads((folder / "config.json").read_text())
+    if how == "config":
+        key = rng.choice(sorted(config) + ["rope_scaling", "attention_bias", "head_dim"])
+        config[key] = rng.choice(JUNK + ["x", {"rope_type": "linear", "factor": 2.0}])
+        (folder / "config.json").write_text(json.dumps(config, allow_nan=True))
+    elif how == "bytes":
+        target = folder / rng.choice(HF_FILES)
+        target.write_bytes(damage_bytes(rng, target.read_bytes()))
+    elif how == "drop":
+        (folder / rng.choice(HF_FILES)).unlink()
+    elif how == "whole":
+        (folder / "config.json").write_text(json.dumps(rng.choice(JUNK)))
+    else:
+        shard = rng.choice(["model.safetensors", "missing.safetensors", "../model.pt", "", 7,
+                            "/etc/passwd"])
+        index = rng.choice([{"weight_map": {"lm_head.weight": shard}}, {"weight_map":
+                            rng.choice(JUNK)}, {"metadata": {}}, rng.choice(JUNK)])
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
 class Evil:
     """A pickle that would run code on load: it must never run."""
 
@@ -208,7 +237,7 @@ FULL_DISK = [["export", "model.pt", "--target", "onnx", "-o", "new"],
              [*TRAIN, "-o", "new.pt"],
              ["export-hf", "model.pt", "-o", "hf"]]
 CLASSES = {"onnx-bytes": 5, "pte-bytes": 1, "manifest": 5, "checkpoint": 2, "argument": 4,
-           "output": 1}
+           "output": 1, "hf-folder": 2}
 
 
 def make_case(rng: random.Random, index: int) -> dict:
@@ -227,6 +256,8 @@ def make_case(rng: random.Random, index: int) -> dict:
     elif kind == "checkpoint":
         case["template"] = rng.choice(["generate-pt", "eval", "eval", "export"])
         case["damage"] = ("checkpoint", rng.getrandbits(32))
+    elif kind == "hf-folder":
+        case.update(template="import-hf", damage=("hf", rng.getrandbits(32)))
     elif kind == "argument":
         template, option, values = rng.choice(BAD_ARGS)
         case.update(template=template, expect="refuse",
@@ -245,11 +276,15 @@ def setup(case: dict, folder: Path, sources: dict, payload: dict) -> None:
     shutil.copyfile(sources["checkpoint"], folder / "model.pt")
     shutil.copyfile(f"{sources['checkpoint']}.json", folder / "model.pt.json")
     shutil.copytree(sources[case["art"]], folder / "art")
+    if case["template"] == "import-hf":
+        shutil.copytree(sources["hf"], folder / "hf")
     damage = case.get("damage")
     if not damage:
         return
     rng = random.Random(damage[1])
-    if damage[0] == "bytes":
+    if damage[0] == "hf":
+        damage_hf(rng, folder / "hf")
+    elif damage[0] == "bytes":
         name = "model.onnx" if case["art"] == "onnx" else "model.pte"
         target = folder / "art" / name
         target.write_bytes(damage_bytes(rng, target.read_bytes()))
@@ -377,6 +412,10 @@ def campaign(n: int, seed: int, jobs: int, sources: dict, progress=None) -> list
     cases = [make_case(rng, i) for i in range(n)]
     payload = torch.load(sources["checkpoint"], weights_only=True)
     with tempfile.TemporaryDirectory(prefix="psa-edge-fuzz-cache-") as cache:
+        hf = Path(cache) / "hf"
+        subprocess.run([sys.executable, "-m", "psa_edge.cli", "export-hf", sources["checkpoint"],
+                        "-o", hf], check=True, capture_output=True, env=environment(cache))
+        sources = {**sources, "hf": hf}
         baselines = baselines_of(sources, payload, cache)
         with ThreadPoolExecutor(jobs) as pool:
             results = []
