@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 
+from psa_edge import LENGTH_MAX, SEED_MAX
 from psa_edge.errors import EXIT_BAD_INPUT, PsaEdgeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -25,10 +26,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Train, check and ship small Phase Space Attention transformers.")
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "psa-default.pt"
-SEED_MAX = 2**32 - 1  # numpy's and torch's common seed range
 # More threads than this only oversubscribes the cores; far more hangs thread pools.
 THREADS_MAX = 4 * (os.cpu_count() or 1)
-LENGTH_MAX = 1 << 20  # tokens; a bound for lengths that would otherwise exhaust memory
 
 
 def number(low: float | None = None, high: float | None = None, *, above: float | None = None):
@@ -46,6 +45,18 @@ def number(low: float | None = None, high: float | None = None, *, above: float 
             raise typer.BadParameter(f"{value} {bounds}")
         return value
     return check
+
+
+def spec_range(name: str) -> dict:
+    """typer.Option's bounds for a training option: the library's (`train.SPEC_RANGES`), by
+    which `train --resume` also checks what a training state recorded."""
+    from psa_edge.train import EXCLUSIVE_LOW, SPEC_RANGES
+
+    low, high, kind = SPEC_RANGES[name]
+    if kind is int:
+        return {"min": low, "max": high}
+    return {"callback": number(high=high, above=low) if name in EXCLUSIVE_LOW else
+            number(low, high)}
 
 
 def one_of(what: str, module: str, table: str):
@@ -112,7 +123,7 @@ def train(
         None, "--text", callback=library_check("psa_edge.tasks.text", "check_corpus_path"),
         help="Train a language model on these files, folders or globs (repeatable) instead of "
         "a task, with a byte-level BPE trained on them."),
-    vocab_size: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
+    vocab_size: Optional[int] = typer.Option(None, **spec_range("vocab_size"),
                                              help="Text: BPE vocabulary (default: the "
                                              "preset's, at least 512)."),
     preset: str = typer.Option("tiny", callback=one_of("preset", "psa_edge.model.config",
@@ -121,22 +132,22 @@ def train(
     variant: str = typer.Option("key-only", callback=one_of("variant", "psa_edge.model.config",
                                                             "VARIANTS"),
                                 help="baseline, key-only, symmetric or query-only."),
-    gamma: Optional[float] = typer.Option(None, callback=number(0, 100),
+    gamma: Optional[float] = typer.Option(None, **spec_range("gamma"),
                                           help="Shear strength (default 0.8; 0 for baseline)."),
-    layers: Optional[int] = typer.Option(None, min=1, max=1024,
+    layers: Optional[int] = typer.Option(None, **spec_range("layers"),
                                          help="Number of layers (default: the preset's)."),
     tie_embeddings: bool = typer.Option(False, "--tie-embeddings",
                                         help="One matrix for the token embedding and lm_head."),
-    steps: int = typer.Option(1000, min=1, max=10**9, help="Optimizer steps."),
-    seed: int = typer.Option(0, min=0, max=SEED_MAX,
+    steps: int = typer.Option(1000, **spec_range("steps"), help="Optimizer steps."),
+    seed: int = typer.Option(0, **spec_range("seed"),
                              help="Seed of the weights and of every batch."),
-    batch_size: int = typer.Option(32, min=1, max=LENGTH_MAX,
+    batch_size: int = typer.Option(32, **spec_range("batch_size"),
                                    help="Sequences per step (over all processes)."),
-    lr: float = typer.Option(3e-3, callback=number(high=10, above=0),
+    lr: float = typer.Option(3e-3, **spec_range("lr"),
                              help="Peak learning rate (warm-up, then cosine decay)."),
-    eval_every: int = typer.Option(100, min=1, max=10**9,
+    eval_every: int = typer.Option(100, **spec_range("eval_every"),
                                    help="Steps between held-out evaluations."),
-    eval_samples: int = typer.Option(512, min=1, max=LENGTH_MAX,
+    eval_samples: int = typer.Option(512, **spec_range("eval_samples"),
                                      help="Held-out sequences per evaluation."),
     seq_len: Optional[int] = typer.Option(None, min=2, max=LENGTH_MAX,
                                           help="Sequence length (default: the task's; "
@@ -154,10 +165,10 @@ def train(
     resume: Optional[Path] = typer.Option(None, callback=input_file("training state"),
                                           help="Continue the run of this training state "
                                           "(<stem>.state.pt) with its own options."),
-    state_every: int = typer.Option(0, min=0, max=10**9,
+    state_every: int = typer.Option(0, **spec_range("state_every"),
                                     help="Write a resumable <stem>.state.pt every N "
                                     "steps (0: never)."),
-    stop_at: Optional[float] = typer.Option(None, callback=number(0, 1),
+    stop_at: Optional[float] = typer.Option(None, **spec_range("stop_at"),
                                             help="Stop once the held-out accuracy reaches "
                                             "this (e.g. 0.9 to measure steps to 0.9)."),
     tokenizer: Optional[Path] = typer.Option(None, callback=input_file("tokenizer"),

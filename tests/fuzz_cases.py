@@ -3,7 +3,8 @@
 Each case runs one `psa-edge` command in a fresh folder holding copies of a checkpoint and of
 its ONNX and XNNPACK artifacts, one of them damaged (an artifact's bytes with its manifest
 re-hashed, its manifest, the checkpoint), or a damaged Hugging Face folder (the checkpoint's
-export-hf) for import-hf, or with a bad argument or output, or on a full disk.
+export-hf) for import-hf, or a damaged training state for `train --resume`, or with a bad
+argument or output, or on a full disk.
 Its outcome is `ok` (exit 0 with what the undamaged input gives), `refused` (exit 2 and one line
 `error: ...` on stderr), or a failure: `traceback`, `signal` (a native abort), `hang` (past
 TIMEOUT_S), `wrong-exit-0` (exit 0 on input that must be refused, or with other output),
@@ -43,6 +44,8 @@ COMMANDS = {  # template -> (command, files a successful run may write)
     "train": ([*TRAIN, "-o", "new.pt"], ("new.pt", "new.pt.json", "new.metrics.jsonl",
                                         "new.curve.png")),
     "import-hf": (["import-hf", "hf", "-o", "new.pt"], ("new.pt", "new.pt.json")),
+    "resume": (["train", "--resume", "state.pt", "-o", "new.pt"],
+               ("new.pt", "new.pt.json", "new.metrics.jsonl", "new.curve.png", "new.state.pt")),
 }
 
 
@@ -172,6 +175,29 @@ def damage_hf(rng: random.Random, folder: Path) -> None:
         (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def damage_state(rng: random.Random, state: dict) -> dict:
+    """A training state with one field junk: a recorded option, a task parameter, the step, a
+    history row, the optimizer's state."""
+    import copy
+
+    state = copy.deepcopy(state)
+    how = rng.choice(["spec", "spec", "task", "step", "history", "optimizer"])
+    if how == "spec":
+        spec = state["metadata"]["spec"]
+        spec[rng.choice(sorted(spec) + ["unknown"])] = rng.choice(JUNK + ["x"])
+    elif how == "task":
+        params = state["metadata"]["task"]["params"]
+        params[rng.choice(sorted(params))] = rng.choice(JUNK)
+    elif how == "step":
+        state["step"] = rng.choice(JUNK + [10**6])
+    elif how == "history":
+        state["history"] = [rng.choice(JUNK + [{"step": "x"}])]
+    else:
+        optimizer = state["optimizer"]
+        optimizer[rng.choice(sorted(optimizer))] = rng.choice(JUNK)
+    return state
+
+
 class Evil:
     """A pickle that would run code on load: it must never run."""
 
@@ -237,7 +263,7 @@ FULL_DISK = [["export", "model.pt", "--target", "onnx", "-o", "new"],
              [*TRAIN, "-o", "new.pt"],
              ["export-hf", "model.pt", "-o", "hf"]]
 CLASSES = {"onnx-bytes": 5, "pte-bytes": 1, "manifest": 5, "checkpoint": 2, "argument": 4,
-           "output": 1, "hf-folder": 2}
+           "output": 1, "hf-folder": 2, "state": 1}
 
 
 def make_case(rng: random.Random, index: int) -> dict:
@@ -258,6 +284,8 @@ def make_case(rng: random.Random, index: int) -> dict:
         case["damage"] = ("checkpoint", rng.getrandbits(32))
     elif kind == "hf-folder":
         case.update(template="import-hf", damage=("hf", rng.getrandbits(32)))
+    elif kind == "state":
+        case.update(template="resume", damage=("state", rng.getrandbits(32)))
     elif kind == "argument":
         template, option, values = rng.choice(BAD_ARGS)
         case.update(template=template, expect="refuse",
@@ -284,6 +312,11 @@ def setup(case: dict, folder: Path, sources: dict, payload: dict) -> None:
     rng = random.Random(damage[1])
     if damage[0] == "hf":
         damage_hf(rng, folder / "hf")
+    elif damage[0] == "state":
+        import torch
+
+        torch.save(damage_state(rng, torch.load(sources["state"], weights_only=True)),
+                   folder / "state.pt")
     elif damage[0] == "bytes":
         name = "model.onnx" if case["art"] == "onnx" else "model.pte"
         target = folder / "art" / name
@@ -415,7 +448,11 @@ def campaign(n: int, seed: int, jobs: int, sources: dict, progress=None) -> list
         hf = Path(cache) / "hf"
         subprocess.run([sys.executable, "-m", "psa_edge.cli", "export-hf", sources["checkpoint"],
                         "-o", hf], check=True, capture_output=True, env=environment(cache))
-        sources = {**sources, "hf": hf}
+        (Path(cache) / "state").mkdir()
+        subprocess.run([sys.executable, "-m", "psa_edge.cli", *TRAIN, "--state-every", "1",
+                        "-o", Path(cache) / "state" / "m.pt"], check=True, capture_output=True,
+                       env=environment(cache))
+        sources = {**sources, "hf": hf, "state": Path(cache) / "state" / "m.state.pt"}
         baselines = baselines_of(sources, payload, cache)
         with ThreadPoolExecutor(jobs) as pool:
             results = []

@@ -1,12 +1,12 @@
 """Reliability under bad input and faults (docs/reliability.md).
 
 The fuzz test runs a seeded sample of tools/fuzz.py's campaign (damaged artifacts with their
-manifest re-hashed, damaged manifests, checkpoints and Hugging Face folders, bad arguments and
-outputs, a full disk): every case must end in exit 0 with the undamaged output or exit 2 with
-one line, never a traceback, a signal, a hang or a file left behind. The kill -9 tests stop
-export and training at random points: the output is then absent or complete, never an artifact
-without its manifest or a half file, and the input is intact; the next run sweeps what the
-killed one left.
+manifest re-hashed, damaged manifests, checkpoints, Hugging Face folders and training states,
+bad arguments and outputs, a full disk): every case must end in exit 0 with the undamaged
+output or exit 2 with one line, never a traceback, a signal, a hang or a file left behind. The
+kill -9 tests stop export and training at random points: the output is then absent or complete,
+never an artifact without its manifest or a half file, and the input is intact; the next run
+sweeps what the killed one left.
 """
 
 import hashlib
@@ -42,7 +42,8 @@ def test_fuzzed_inputs_end_in_a_clean_result_or_a_one_line_refusal(checkpoints, 
     bad = [r for r in results if r["outcome"] not in ("ok", "refused")]
     assert not bad, json.dumps(bad, indent=1)[:4000]
     classes = {r["class"] for r in results}
-    assert {"onnx-bytes", "manifest", "checkpoint", "argument", "output", "hf-folder"} <= classes
+    assert {"onnx-bytes", "manifest", "checkpoint", "argument", "output", "hf-folder",
+            "state"} <= classes
     assert sum(r["outcome"] == "refused" for r in results) > cases // 2
 
 

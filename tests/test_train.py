@@ -113,6 +113,113 @@ def test_resume_continues_to_the_weights_of_an_uninterrupted_run(tmp_path):
     assert len(rows) == 2  # the evaluation at step 3 carried over from the state, and step 6
 
 
+@pytest.fixture(scope="module")
+def training_state(tmp_path_factory):
+    """A training state after step 3 of SHORT's 6 (its payload, and where it was written)."""
+    folder = tmp_path_factory.mktemp("state")
+    done = run("psa_edge.cli", "train", *SHORT, "--state-every", "3", "-o", folder / "m.pt")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return torch.load(folder / "m.state.pt", weights_only=True)
+
+
+def nested_set(payload: dict, path: str, value) -> dict:
+    import copy
+
+    payload = copy.deepcopy(payload)
+    *parents, last = path.split(".")
+    target = payload
+    for key in parents:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    target[int(last) if isinstance(target, list) else last] = value
+    return payload
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("metadata.spec.steps", "6", "records steps = '6', not an integer in [1, 1000000000]"),
+    ("metadata.spec.lr", 0.0, "records lr = 0.0, not a number in (0.0, 10.0]"),
+    ("metadata.spec.batch_size", True, "records batch_size = True, not an integer"),
+    ("metadata.spec.stop_at", float("nan"), "records stop_at = nan, not a number in [0.0, 1.0]"),
+    ("metadata.spec.text", "corpus/", "records text = 'corpus/', not a list"),
+    ("metadata.spec.preset", "psa-1b", "records an unknown preset 'psa-1b'"),
+    ("metadata.spec.device", "tpu", "unknown device 'tpu'"),
+    ("metadata.spec", {}, "records no training option batch_size"),
+    ("metadata.spec.extra", 1, "records an unknown training option extra"),
+    ("metadata.task.params.seq_len", {}, "task ih-sht: seq_len = {} is not an integer"),
+    ("metadata.task.params.alphabet", 2**63, "alphabet = 9223372036854775808 is not"),
+    ("step", -1, "records step -1, before the first"),
+    ("step", 7, "records step 7 of a 6-step run"),
+    ("history.0", 0.5, "has a history row that is not a step's metrics"),
+    ("history.0.accuracy", "high", "has a history row that is not a step's metrics"),
+])
+def test_a_damaged_training_state_is_refused_before_training(training_state, tmp_path, path,
+                                                            value, message):
+    """Found by feeding each field of a state junk: these were tracebacks (TypeError,
+    KeyError) from deep inside the trainer."""
+    from psa_edge.errors import PsaEdgeError
+    from psa_edge.train.run import prepare
+
+    state = tmp_path / "m.state.pt"
+    torch.save(nested_set(training_state, path, value), state)
+    with pytest.raises(PsaEdgeError) as refused:
+        prepare(TrainSpec(device="cpu"), tmp_path / "out.pt", resume=state)
+    assert message in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.state.pt"]
+
+
+def test_a_training_state_whose_optimizer_does_not_fit_is_refused_in_one_line(training_state,
+                                                                            tmp_path):
+    state = tmp_path / "m.state.pt"
+    torch.save(nested_set(training_state, "optimizer.param_groups", 3), state)
+    result = run("psa_edge.cli", "train", "--resume", state, "-o", tmp_path / "out.pt")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert "the training state's optimizer does not fit its model" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.state.pt"]
+
+
+def test_the_command_line_bounds_are_the_ones_a_training_state_is_checked_by():
+    import dataclasses
+
+    from psa_edge.cli import app
+    from psa_edge.train import SPEC_KINDS, SPEC_RANGES
+    from typer import BadParameter
+    from typer.main import get_command
+
+    assert set(SPEC_RANGES) | set(SPEC_KINDS) == {f.name for f in dataclasses.fields(TrainSpec)}
+    options = {p.name: p for p in get_command(app).commands["train"].params}
+    for name, (low, high, kind) in SPEC_RANGES.items():
+        if name in ("warmup", "weight_decay"):  # not command-line options
+            continue
+        if kind is int:
+            assert (options[name].min, options[name].max) == (low, high), name
+        else:
+            check = options[name].callback
+            assert check(None, None, high) == high and check(None, None, low + 1e-9), name
+            for outside in (high * 1.01, low - 1e-6, float("nan")):
+                with pytest.raises(BadParameter):
+                    check(None, None, outside)
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"seq_len": "32"}, "seq_len = '32' is not an integer"),
+    ({"seq_len": True}, "seq_len = True is not an integer"),
+    ({"alphabet": 0}, "alphabet = 0 is not an integer in [1, 1048576]"),
+])
+def test_task_parameters_are_integers_in_range(params, message):
+    from psa_edge.errors import TaskError
+
+    with pytest.raises(TaskError, match=re.escape(message)):
+        get_task("ih-sht", **params)
+
+
+def test_a_recorded_text_task_missing_its_corpus_is_refused():
+    from psa_edge.errors import TaskError
+    from psa_edge.tasks import task_from_dict
+    from psa_edge.tokenizer import Tokenizer
+
+    with pytest.raises(TaskError, match="recorded text task is not"):
+        task_from_dict({"name": "text", "params": {"seq_len": 64}}, Tokenizer.chars(64))
+
+
 def test_the_model_builds_no_tensor_on_a_fixed_device():
     """On the "meta" device nothing is computed: every mask, position and RoPE table the forward
     creates must be created there too, or the forward fails on mixing devices."""

@@ -197,7 +197,18 @@ def read_state(path: str | os.PathLike) -> tuple[PSATransformer, dict]:
     """The model (its weights at the state's step) and the state of a training-state file."""
     payload = read_checkpoint(path, STATE_TAG)
     for key, kind in (("optimizer", dict), ("step", int), ("history", list)):
-        if not isinstance(payload.get(key), kind):
+        if not isinstance(payload.get(key), kind) or isinstance(payload.get(key), bool):
             raise CheckpointError(f"{path} has no {key} of a training state")
+    if payload["step"] < 0:
+        raise CheckpointError(f"{path} records step {payload['step']}, before the first")
+    if not all(is_metrics_row(row) for row in payload["history"]):
+        raise CheckpointError(f"{path} has a history row that is not a step's metrics")
     return model_of(payload, path).train(), payload
+
+
+def is_metrics_row(row) -> bool:
+    """A history row as the trainer writes it: its step and metrics, all numbers."""
+    return (isinstance(row, dict) and isinstance(row.get("step"), int) and "accuracy" in row
+            and all(isinstance(k, str) and isinstance(v, (int, float))
+                    and not isinstance(v, bool) for k, v in row.items()))
 

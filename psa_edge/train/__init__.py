@@ -1,12 +1,16 @@
 """Training and evaluation: `trainer` (the deterministic loop) and `run` (the commands' files).
 
 This module itself does not import torch: the command line checks a device name against it
-before the command pays for torch's import."""
+before the command pays for torch's import, and takes its numeric options' bounds from
+SPEC_RANGES, by which `check_spec` checks the options a training state recorded (`train
+--resume`)."""
 
 from __future__ import annotations
 
+import math
 import re
 
+from psa_edge import LENGTH_MAX, SEED_MAX
 from psa_edge.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the N-th GPU, counted from 0
@@ -17,3 +21,55 @@ def check_device(name: str) -> None:
     to say (`trainer.resolve_device`)."""
     if name not in DEVICES[:-1] and re.fullmatch(r"cuda:\d+", name) is None:
         raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+
+
+# name -> (low, high, kind); a float's low is exclusive where EXCLUSIVE_LOW names it.
+SPEC_RANGES = {
+    "layers": (1, 1024, int), "steps": (1, 10**9, int), "seed": (0, SEED_MAX, int),
+    "batch_size": (1, LENGTH_MAX, int), "warmup": (0, 10**9, int),
+    "eval_every": (1, 10**9, int), "eval_samples": (1, LENGTH_MAX, int),
+    "vocab_size": (2, LENGTH_MAX, int), "state_every": (0, 10**9, int),
+    "gamma": (0.0, 100.0, float), "lr": (0.0, 10.0, float), "weight_decay": (0.0, 10.0, float),
+    "stop_at": (0.0, 1.0, float)}
+EXCLUSIVE_LOW = {"lr"}
+OPTIONAL = {"gamma", "layers", "vocab_size", "stop_at"}  # None: the default
+SPEC_KINDS = {"task": str, "preset": str, "variant": str, "device": str, "weights_dtype": str,
+              "compile": bool, "task_params": dict, "config_overrides": dict, "text": list}
+
+
+def check_spec(spec: dict, source: str) -> None:
+    """Refuse a recorded training spec (a training state's) with a field missing, unknown, of
+    the wrong type, out of range or naming nothing: what the command line refuses in the same
+    options."""
+    from psa_edge.model.config import PRESETS, VARIANTS, WEIGHT_DTYPES
+    from psa_edge.tasks import TASKS
+
+    fields = set(SPEC_RANGES) | set(SPEC_KINDS)
+    if set(spec) != fields:
+        odd = sorted(fields - set(spec)) or sorted(map(str, set(spec) - fields))
+        raise ConfigError(f"{source} records {'no' if fields - set(spec) else 'an unknown'} "
+                          f"training option {odd[0]}")
+    for name, kind in SPEC_KINDS.items():
+        if not isinstance(spec[name], kind):
+            raise ConfigError(f"{source} records {name} = {spec[name]!r}, not a "
+                              f"{kind.__name__}")
+    if not all(isinstance(path, str) for path in spec["text"]):
+        raise ConfigError(f"{source} records a text path that is not a string")
+    for name, known in (("task", [*TASKS, "text"]), ("preset", PRESETS),
+                        ("variant", VARIANTS), ("weights_dtype", WEIGHT_DTYPES)):
+        if spec[name] not in known:
+            raise ConfigError(f"{source} records an unknown {name} {spec[name]!r}")
+    check_device(spec["device"])
+    for name, (low, high, kind) in SPEC_RANGES.items():
+        if spec[name] is None and name in OPTIONAL:
+            continue
+        if not in_range(spec[name], low, high, kind, name in EXCLUSIVE_LOW):
+            raise ConfigError(f"{source} records {name} = {spec[name]!r}, not "
+                              f"{'an integer' if kind is int else 'a number'} in "
+                              f"{'(' if name in EXCLUSIVE_LOW else '['}{low}, {high}]")
+
+
+def in_range(value, low, high, kind, exclusive_low: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+        return False
+    return math.isfinite(value) and low <= value <= high and not (exclusive_low and value == low)

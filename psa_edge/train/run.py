@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from psa_edge.errors import ConfigError, TaskError
+from psa_edge.errors import CheckpointError, ConfigError, TaskError
 from psa_edge.io import check_output, manifest_path, refuse_overlap, sha256_file
 from psa_edge.model.checkpoint import load_checkpoint, read_state, save_checkpoint, save_state
 from psa_edge.model.config import WEIGHT_DTYPES
 from psa_edge.model.transformer import PSATransformer
 from psa_edge.tasks import EVAL_SEED, SPLITS, get_task, scored_task, task_from_dict
 from psa_edge.tokenizer import Tokenizer
+from psa_edge.train import check_spec
 from psa_edge.train.trainer import Replica, TrainSpec, build_model, evaluate, train
 
 __all__ = ["TrainSpec", "prepare", "run_training", "eval_target", "eval_report", "sidecar"]
@@ -108,10 +109,7 @@ def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
     refuse_overlap(outputs_of(output)[:-1], [init, resume, tokenizer])
     state = origin = None
     if resume is not None:
-        model, state = read_state(resume)
-        spec = dataclasses.replace(TrainSpec(**{**state["metadata"]["spec"],
-                                                "text": tuple(state["metadata"]["spec"]["text"])}),
-                                   device=spec.device, compile=spec.compile)
+        spec, model, state = resume_start(resume, spec)
         task = (text_task(spec, model.tokenizer, started) if spec.text else
                 task_from_dict(state["metadata"]["task"]))
     elif init is not None:
@@ -130,6 +128,22 @@ def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
         raise TaskError(f"the task's vocabulary is {task.vocab_size}, the model's "
                         f"{model.cfg.vocab_size}")
     return Plan(spec, output, task, model, state, origin)
+
+
+def resume_start(resume: Path, spec: TrainSpec):
+    """The spec a training state recorded (checked as the command line checks its options;
+    only the device and compile come from `spec`), its model and its state."""
+    model, state = read_state(resume)
+    recorded = state["metadata"].get("spec")
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{resume} records no training options")
+    check_spec(recorded, str(resume))
+    if state["step"] > recorded["steps"]:
+        raise CheckpointError(f"{resume} records step {state['step']} of a "
+                              f"{recorded['steps']}-step run")
+    spec = dataclasses.replace(TrainSpec(**{**recorded, "text": tuple(recorded["text"])}),
+                               device=spec.device, compile=spec.compile)
+    return spec, model, state
 
 
 def fine_tune_start(init: Path, spec: TrainSpec):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from psa_edge.errors import ConfigError
+from psa_edge.errors import CheckpointError, ConfigError
 from psa_edge.model import PSATransformer, preset_config
 from psa_edge.tasks import EVAL_SEED, IGNORE
 from psa_edge.train import check_device
@@ -197,7 +197,11 @@ def train(spec: TrainSpec, task, on_step: Callable | None = None, model: PSATran
     history, first = [], 1
     if resume is not None:
         model.load_state_dict(resume["state_dict"])
-        optimizer.load_state_dict(resume["optimizer"])
+        try:
+            optimizer.load_state_dict(resume["optimizer"])
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            raise CheckpointError(f"the training state's optimizer does not fit its model "
+                                  f"({' '.join(str(exc).split())[:120]})")
         history, first = list(resume["history"]), resume["step"] + 1
     step_model = model
     if replica.world > 1:
