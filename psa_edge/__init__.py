@@ -4,8 +4,8 @@ The package is laid out as the pipeline it implements: `model/` (the PyTorch def
 `tasks/` (generated induction benchmarks and text corpora), `train/` (training and evaluation),
 `hf/` (Hugging Face folders in and out), `export/` (ONNX and ExecuTorch artifacts), `runtime/`
 (incremental decoding; numpy and onnxruntime only), `backends/` (the engines it drives),
-`checks/` (parity, verify, quant-check) and `cli.py`. Importing the package is cheap: nothing here imports torch at module
-level.
+`checks/` (parity, verify, quant-check) and `cli.py`. Importing the package is cheap: nothing
+here imports torch at module level.
 """
 
 __version__ = "0.1.0"

@@ -36,7 +36,8 @@ def run_demo(checkpoint: Path) -> None:
     model, metadata = load_checkpoint(checkpoint)
     cfg, task = model.cfg, task_from_dict(metadata["task"])
     info = Table(title=f"1. checkpoint {checkpoint.name}", show_header=False)
-    for key, value in [("variant", cfg.variant), ("gamma_q / gamma_k", f"{cfg.gamma_q} / {cfg.gamma_k}"),
+    for key, value in [("variant", cfg.variant),
+                       ("gamma_q / gamma_k", f"{cfg.gamma_q} / {cfg.gamma_k}"),
                        ("layers x heads (kv) x head_dim",
                         f"{cfg.num_hidden_layers} x {cfg.num_attention_heads} "
                         f"({cfg.num_key_value_heads}) x {cfg.head_dim}"),
@@ -89,9 +90,9 @@ def export_step(console: Console, checkpoint: Path, tokens, reference) -> None:
             if m["delegation"]:
                 extra = (f", {m['delegation']['delegated_subgraphs']} XNNPACK subgraphs "
                          f"({100 * m['delegation']['delegated_fraction']:.0f}% of nodes)")
-            console.print(f"{step}. psa-edge export --target {target}: {m['size_bytes'] / 1e6:.2f} MB "
-                          f"in {m['export_seconds']} s, parity probe max |dlogit| {err:.1e}"
-                          f"{extra}")
+            console.print(f"{step}. psa-edge export --target {target}: "
+                          f"{m['size_bytes'] / 1e6:.2f} MB in {m['export_seconds']} s, parity "
+                          f"probe max |dlogit| {err:.1e}{extra}")
         session = open_session(Path(tmp) / "model-onnx")
         logits = feed_chunks(session, tokens, [1] * len(tokens))
         console.print(f"7. ONNX Runtime, token by token over the {len(tokens)}-token example: "
@@ -115,14 +116,16 @@ def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None
     check = quant_check.run(quant_check.prepare(checkpoint, tmp / "model-onnx-int8",
                                                 samples=16))
     m = check["metrics"]
-    console.print(f"8. --quantize int8 (ONNX): {int8['size_bytes'] / 1e6:.2f} MB; quant-check on 16 "
-                  f"held-out sequences: accuracy {m['accuracy_float']:.3f} -> "
+    console.print(f"8. --quantize int8 (ONNX): {int8['size_bytes'] / 1e6:.2f} MB; quant-check "
+                  f"on 16 held-out sequences: accuracy {m['accuracy_float']:.3f} -> "
                   f"{m['accuracy_artifact']:.3f}, top-1 agreement {m['top1_agreement']:.3f}, "
                   f"mean KL {m['kl_mean']:.1e} -> {'PASS' if check['passed'] else 'FAIL'}")
     run_export(ExportRequest(checkpoint, "onnx", tmp / "model-onnx-twin", twin=True))
     report = verify(tmp / "model-onnx", checkpoint, tmp / "model-onnx-twin")
     cache = report["cache"][-1]
-    console.print(f"9. verify: {', '.join(c['name'].split('. ')[1] + (' ok' if c['passed'] else ' FAIL') for c in report['checks'])}; "
+    checks = ", ".join(c["name"].split(". ")[1] + (" ok" if c["passed"] else " FAIL")
+                       for c in report["checks"])
+    console.print(f"9. verify: {checks}; "
                   f"KV cache at {cache['length']} tokens {cache['psa_cache_bytes']:,} B = twin's "
                   f"{cache['twin_cache_bytes']:,} B, plus a {cache['extra_bytes']:,} B slot")
     session = open_session(tmp / "model-onnx")

@@ -1,6 +1,6 @@
-"""`psa-edge bench` and `psa-edge bundle` (docs/spec.md §7): every reported field, the --vs contract,
-the runner form with ExecuTorch's own runner, FLOPs against an independent count, and the
-bundle running torch-free from its own copy of the runtime."""
+"""`psa-edge bench` and `psa-edge bundle` (docs/spec.md §7): every reported field, the --vs
+contract, the runner form with ExecuTorch's own runner, FLOPs against an independent count, and
+the bundle running torch-free from its own copy of the runtime."""
 
 import json
 import math

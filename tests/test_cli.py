@@ -39,7 +39,8 @@ def test_train_writes_checkpoint_metrics_curve_manifest(trained):
     manifest = json.loads(Path(f"{trained}.json").read_text())
     assert manifest["variant"] == "key-only" and manifest["gamma_k"] == 0.8
     assert "steps_to_90" in manifest["metadata"]["summary"]
-    assert torch.load(trained, weights_only=True)["metadata"]["command"].startswith("psa-edge train")
+    command = torch.load(trained, weights_only=True)["metadata"]["command"]
+    assert command.startswith("psa-edge train")
 
 
 def test_training_is_deterministic(trained, tmp_path):

@@ -1,5 +1,6 @@
-"""Export (docs/spec.md §2-§4, §8): every target against eager, the shear in the graphs, twin parity,
-ExecuTorch's own TextLLMRunner, inspect, and bad input. Artifacts are exported once a session."""
+"""Export (docs/spec.md §2-§4, §8): every target against eager, the shear in the graphs, twin
+parity, ExecuTorch's own TextLLMRunner, inspect, and bad input. Artifacts are exported once a
+session."""
 
 import json
 import os
@@ -286,7 +287,8 @@ def test_stock_text_llm_runner_matches_eager_greedy(artifacts, checkpoints):
 import json, sys
 from executorch.extension.llm.custom_ops import custom_ops  # the form's llama kernels
 from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-runner = TextLLMRunner({str(artifacts['runner'] / 'model.pte')!r}, {str(artifacts['runner'] / 'tokenizer.json')!r})
+runner = TextLLMRunner({str(artifacts['runner'] / 'model.pte')!r},
+                       {str(artifacts['runner'] / 'tokenizer.json')!r})
 pieces = []
 runner.generate(sys.argv[1], GenerationConfig(echo=False, max_new_tokens=20, temperature=0.0),
                 token_callback=pieces.append)

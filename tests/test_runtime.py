@@ -1,6 +1,7 @@
-"""The incremental-decoding runtime (docs/spec.md §3, §5) on real backends (ONNX Runtime, ExecuTorch),
-float: prefix reuse, rollback (state compared, slots included), speculative decoding (greedy
-equality, the sampling rule's distribution), cache parity, `verify`, bad input."""
+"""The incremental-decoding runtime (docs/spec.md §3, §5) on real backends (ONNX Runtime,
+ExecuTorch), float: prefix reuse, rollback (state compared, slots included), speculative
+decoding (greedy equality, the sampling rule's distribution), cache parity, `verify`, bad
+input."""
 
 import math
 
@@ -461,7 +462,8 @@ def test_executorch_native_log_stays_off_the_terminal(artifacts, tmp_path):
     data = (truncated / "model.pte").read_bytes()
     (truncated / "model.pte").write_bytes(data[:len(data) // 2])
     manifest = manifest_of(truncated)
-    manifest["files"]["model.pte"] = sha256_file(truncated / "model.pte")  # only ExecuTorch can tell
+    # only ExecuTorch can tell
+    manifest["files"]["model.pte"] = sha256_file(truncated / "model.pte")
     (truncated / "manifest.json").write_text(json.dumps(manifest))
     result = cli("generate", truncated, "--prompt", "AB", "-n", "2", "--threads", "1")
     assert result.returncode == 2, result.stderr

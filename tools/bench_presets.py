@@ -148,9 +148,10 @@ def write(rows, runner, controls, peak, args, wall) -> None:
              + f"\n\nRunner form (ExecuTorch XNNPACK fp32, caches inside the program), PSA / "
                f"twin decode: {runner_text}; A/A control: {runner_aa}.\n")
     write_block("bench", block)
-    write_block("presets", f"""Made by `.venv/bin/python tools/bench_presets.py --threads {args.threads} -p {args.p} -n {args.n}
--r {args.r} --rounds {args.rounds}` in {wall / 60:.0f} min on {machine()}. Each pair is
-`psa-edge bench PSA --vs TWIN` and its inverse, {args.r} repetitions per process; each
+    command = (f".venv/bin/python tools/bench_presets.py --threads {args.threads} -p {args.p} "
+               f"-n {args.n} -r {args.r} --rounds {args.rounds}")
+    write_block("presets", f"""Made by `{command}` in {wall / 60:.0f} min on {machine()}. Each
+pair is `psa-edge bench PSA --vs TWIN` and its inverse, {args.r} repetitions per process; each
 repetition opens both artifacts afresh and warms them up, and their decode steps alternate in
 turns of about 4 ms (A B / B A), so a slow spell of this shared VM falls on both. The tokens/s
 columns come from those interleaved runs, where each model finds the other's weights in its
@@ -162,8 +163,8 @@ per decoded token are those of `runtime.bench.flops_per_token` at context {args.
 
 {block}
 The shear's arithmetic is 3 d FLOPs per sheared stream and layer, at most {share:.1e} of a
-token's FLOPs here: what a ratio above 1 measures is per-op and per-tensor overhead of the runtime (the
-slot inputs, the raw-key output, the shear's three small ops), which weighs most on the
+token's FLOPs here: what a ratio above 1 measures is per-op and per-tensor overhead of the
+runtime (the slot inputs, the raw-key output, the shear's three small ops), which weighs most on the
 smallest preset. The runner form's slots live inside the program, so its ratios do not carry
 over to the explicit-state form. This run was made at commit {commit()}; the runner section
 below is measured on its own (`--runner`) and names the commit it ran at.""", "docs/benchmarks.md")

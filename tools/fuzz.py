@@ -87,8 +87,8 @@ bit-flipped, zeroed or spliced with its manifest re-hashed (`onnx-bytes`, `pte-b
 damaged manifest; a damaged checkpoint or a file that is not one; a damaged Hugging Face folder
 for import-hf (`hf-folder`: a config field, a file's bytes, a missing file, a lying shard
 index); a damaged training state for `train --resume` (`state`: a recorded option, a task
-parameter, the step, the history, the optimizer); an option out of range; an output that is an input, a directory, unwritable, or on a
-full disk. `ok`: exit 0 with what the
+parameter, the step, the history, the optimizer); an option out of range; an output that is an
+input, a directory, unwritable, or on a full disk. `ok`: exit 0 with what the
 undamaged input gives; `refused`: exit 2, one line; every other column is a failure. CI runs a
 sample of the same generator beside the kill -9 tests (tests/test_fuzz.py).
 

@@ -107,10 +107,11 @@ def verdicts(rows: dict) -> str:
     kl = {model: sum(values) / len(values) for model, values in int8.items()}
     shear_costs = all(rows[("psa", t, "int8, shear int8")]["metrics"]["top1_agreement"]
                       < rows[("psa", t, "int8")]["metrics"]["top1_agreement"] for t in TARGETS)
+    holds = worst_drop <= 1 and worst_top1 >= 0.98 and worst_size <= 0.35
     return (f"- Default model, every int8 build: accuracy drop at most {worst_drop:.2f} points "
             f"(bound 1.0), top-1 agreement at least {worst_top1:.4f} (bound 0.98), size at most "
             f"{worst_size:.2f} x the float artifact (bound 0.35): "
-            f"{'all hold' if worst_drop <= 1 and worst_top1 >= 0.98 and worst_size <= 0.35 else 'NOT all hold'}.\n"
+            f"{'all hold' if holds else 'NOT all hold'}.\n"
             f"- Mean KL(float || int8) over the {len(int8['psa'])} int8 builds: PSA "
             f"{kl['psa']:.2e}, twin "
             f"{kl['twin']:.2e}.\n"

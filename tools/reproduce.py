@@ -539,7 +539,8 @@ def render(plan, source, variants, sweep_md, summary, control_md, best, freq_md,
     return f"""# Reproducing the paper's claims
 
 Made by `{command}` on {machine()}. Training wall time
-{wall_minutes:.0f} min (the invocations that trained; `{runs_dir(plan).relative_to(REPO)}/wall.json`),
+{wall_minutes:.0f} min (the invocations that trained;
+`{runs_dir(plan).relative_to(REPO)}/wall.json`),
 {train_minutes:.0f} min of single-threaded training summed over this page's runs (excluding
 the variant table's cached runs). Per-run specs, curves and results:
 `{runs_dir(plan).relative_to(REPO)}/*.json`.

@@ -3,8 +3,9 @@
 Contract: `inspect_artifact(path)` reads the model file (the ONNX graph, or the `.pte`
 flatbuffer's execution plan of method `forward`) as well as its manifest, and refuses an
 artifact whose manifest does not match it: a hash that differs, a file the parser cannot read,
-inputs and outputs other than those the manifest's config implies. It runs nothing. ONNX: ops are node types. `.pte`: ops are the kernels
-the plan calls outside any delegate plus one `delegate:<backend>` entry per delegate call.
+inputs and outputs other than those the manifest's config implies. It runs nothing. ONNX: ops
+are node types. `.pte`: ops are the kernels the plan calls outside any delegate plus one
+`delegate:<backend>` entry per delegate call.
 """
 
 from __future__ import annotations

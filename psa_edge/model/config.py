@@ -1,8 +1,8 @@
 """Model configuration: `LlamaConfig` fields plus the PSA shear, and the named presets.
 
-Contract (docs/spec.md §1): every field except `gamma_q`, `gamma_k` and `variant` has the name and meaning
-of the Hugging Face `LlamaConfig` field of the same name, so `to_llama_dict()` is a valid
-`LlamaConfig(**d)` argument set. The variant names a shear layout and constrains the gammas:
+Contract (docs/spec.md §1): every field except `gamma_q`, `gamma_k` and `variant` has the name
+and meaning of the Hugging Face `LlamaConfig` field of the same name, so `to_llama_dict()` is a
+valid `LlamaConfig(**d)` argument set. The variant names a shear layout and constrains the gammas:
 
     baseline    gamma_q == 0 and gamma_k == 0     (plain Llama attention)
     key-only    gamma_q == 0 and gamma_k  > 0     (the accuracy-optimal "half-lift", default)

@@ -69,7 +69,8 @@ class Attention(nn.Module):
 
     def shear_streams(self, query: Tensor, key: Tensor, prev_query: Tensor | None,
                       prev_key: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The sheared query and key (docs/spec.md §1); a stream with gamma = 0 passes unchanged."""
+        """The sheared query and key (docs/spec.md §1); a stream with gamma = 0 passes
+        unchanged."""
         cfg = self.cfg
         if cfg.gamma_k != 0:
             key = shear(key, prev_key, cfg.gamma_k)

@@ -7,8 +7,8 @@ split, the packed token streams); the model (the spec's preset, seeded; `init`'s
 spec's shear, for fine-tuning; or the weights and optimizer of a training state to `resume`).
 `run_training(plan)` trains, the main process drawing a progress bar, and then writes
 `<stem>.metrics.jsonl`, `<stem>.curve.png`, the checkpoint (with its tokenizer) and its manifest
-all or none (`save_checkpoint`); every `spec.state_every` steps it writes the resumable `<stem>.state.pt`. Under
-torchrun every process runs it; only the main one writes.
+all or none (`save_checkpoint`); every `spec.state_every` steps it writes the resumable
+`<stem>.state.pt`. Under torchrun every process runs it; only the main one writes.
 """
 
 from __future__ import annotations
