@@ -13,10 +13,10 @@ PACKAGE = REPO / "psa_edge"
 LAYERS = {
     "__init__": set(), "errors": set(), "contract": {"errors"}, "io": {"errors", "contract"},
     "tokenizer": {"errors", "io"}, "display": {"io"}, "theory": set(),
-    "model": {"errors", "io", "contract", "tokenizer"}, "tasks": {"errors"},
+    "model": {"errors", "io", "contract", "tokenizer"}, "tasks": {"errors", "__init__"},
     "backends": {"errors", "io", "contract", "model"},
     "runtime": {"errors", "io", "contract", "backends", "tokenizer", "__init__"},
-    "train": {"errors", "io", "model", "tasks", "tokenizer"},
+    "train": {"errors", "io", "model", "tasks", "tokenizer", "__init__"},
     "checks": {"errors", "io", "contract", "model", "tasks", "backends", "runtime",
                "tokenizer"},
     "hf": {"errors", "io", "contract", "model", "tokenizer"},
