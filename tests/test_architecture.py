@@ -143,3 +143,14 @@ def test_nothing_points_outside_the_repository():
         if path.suffix in (".png", ".pt") or not path.is_file():
             continue
         assert ".." + "/shared" not in path.read_text(errors="ignore"), name
+
+
+def test_every_python_line_fits_in_100_characters():
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.split()
+    long = [f"{name}:{number}" for name in tracked
+            for number, line in enumerate((REPO / name).read_text().splitlines(), 1)
+            if len(line) > 100]
+    assert not long, long
