@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DEFAULT_MODEL, OUT, REPO, export_once, machine, write_doc
+from common import DEFAULT_MODEL, OUT, REPO, commit, export_once, machine, write_doc
 
 OUTCOMES = ("ok", "refused", "traceback", "signal", "hang", "wrong-exit-0", "left-files",
             "bad-refusal")
@@ -81,7 +81,7 @@ def main() -> None:
     write_doc("reliability.md", f"""# Reliability under bad input
 
 Made by `.venv/bin/python tools/fuzz.py --cases {args.cases} --seed {args.seed} --jobs
-{args.jobs}` on {machine()} in {(time.time() - started) / 60:.0f} min. What is guaranteed and
+{args.jobs}` on {machine()}, at commit {commit()}, in {(time.time() - started) / 60:.0f} min. What is guaranteed and
 how: docs/spec.md §9. The cases (tests/fuzz_cases.py): an artifact's model file truncated,
 bit-flipped, zeroed or spliced with its manifest re-hashed (`onnx-bytes`, `pte-bytes`); a
 damaged manifest; a damaged checkpoint or a file that is not one; a damaged Hugging Face folder
