@@ -192,9 +192,17 @@ def damage_state(rng: random.Random, state: dict) -> dict:
         state["step"] = rng.choice(JUNK + [10**6])
     elif how == "history":
         state["history"] = [rng.choice(JUNK + [{"step": "x"}])]
-    else:
+    elif rng.random() < 0.5:
         optimizer = state["optimizer"]
         optimizer[rng.choice(sorted(optimizer))] = rng.choice(JUNK)
+    else:  # one parameter's AdamW moments
+        import torch
+
+        moments = state["optimizer"]["state"][0]
+        key = rng.choice(sorted(moments))
+        moments[key] = rng.choice(JUNK + [torch.zeros(3), moments[key].reshape(-1)[:-1],
+                                          torch.full_like(moments[key], float("nan")),
+                                          -moments[key] - 1])
     return state
 
 

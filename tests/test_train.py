@@ -123,14 +123,19 @@ def training_state(tmp_path_factory):
 
 
 def nested_set(payload: dict, path: str, value) -> dict:
+    """A copy of `payload` with the item at `path` ("a.0.b": digits index lists, and the int
+    keys of the optimizer's state) set to `value`."""
     import copy
+
+    def key_in(target, key: str):
+        return int(key) if key.isdigit() and key not in target else key
 
     payload = copy.deepcopy(payload)
     *parents, last = path.split(".")
     target = payload
     for key in parents:
-        target = target[int(key)] if isinstance(target, list) else target[key]
-    target[int(last) if isinstance(target, list) else last] = value
+        target = target[key_in(target, key)]
+    target[key_in(target, last)] = value
     return payload
 
 
@@ -166,13 +171,22 @@ def test_a_damaged_training_state_is_refused_before_training(training_state, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.state.pt"]
 
 
-def test_a_training_state_whose_optimizer_does_not_fit_is_refused_in_one_line(training_state,
-                                                                            tmp_path):
+@pytest.mark.parametrize("path,value,message", [
+    ("optimizer.param_groups", 3, "has other parameter groups than its model"),
+    ("optimizer.param_groups.0.params", [0, 99], "has other parameter groups than its model"),
+    ("optimizer.state.99", {}, "holds moments of no parameter"),
+    ("optimizer.state.0.exp_avg", torch.zeros(3), "moments of parameter 0 do not fit it"),
+    ("optimizer.state.0.exp_avg_sq", "x", "moments of parameter 0 do not fit it"),
+    ("optimizer.state.0.step", torch.tensor(-1.0), "moments of parameter 0 do not fit it"),
+])
+def test_a_training_state_whose_optimizer_does_not_fit_is_refused_in_one_line(
+        training_state, tmp_path, path, value, message):
+    """These failed inside AdamW's step (a traceback, exit 1), or ran on NaN moments."""
     state = tmp_path / "m.state.pt"
-    torch.save(nested_set(training_state, "optimizer.param_groups", 3), state)
+    torch.save(nested_set(training_state, path, value), state)
     result = run("psa_edge.cli", "train", "--resume", state, "-o", tmp_path / "out.pt")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
-    assert "the training state's optimizer does not fit its model" in result.stderr
+    assert f"the training state's optimizer {message}" in result.stderr, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.state.pt"]
 
 

@@ -144,8 +144,8 @@ def weight_files(folder: Path) -> list[Path]:
     """The safetensors files that hold a folder's weights: model.safetensors, or the shards its
     index names; refused when one is missing (checked before torch is imported)."""
     index = folder / "model.safetensors.index.json"
-    names = shard_names(read_json(index, "the shard index"), index) if index.exists() else [
-        "model.safetensors"]
+    names = (shard_names(read_json(index, "the shard index"), index) if index.exists()
+             else ["model.safetensors"])
     for name in names:
         if not (folder / name).is_file():
             raise CheckpointError(f"{folder} has no {name} (the weights, as safetensors)")
@@ -159,7 +159,7 @@ def shard_names(index: dict, path: Path) -> list[str]:
         raise CheckpointError(f"{path} has no weight_map (tensor name -> shard file)")
     names = sorted(set(map(str, weight_map.values())))
     for name in names:
-        if Path(name).name != name or name in (".", ".."):
+        if Path(name).name != name or name in ("", ".", ".."):
             raise CheckpointError(f"{path} names a shard outside its folder: {name!r}")
     return names
 

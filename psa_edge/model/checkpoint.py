@@ -211,4 +211,3 @@ def is_metrics_row(row) -> bool:
     return (isinstance(row, dict) and isinstance(row.get("step"), int) and "accuracy" in row
             and all(isinstance(k, str) and isinstance(v, (int, float))
                     and not isinstance(v, bool) for k, v in row.items()))
-

@@ -184,6 +184,43 @@ def make_optimizer(model: PSATransformer, spec: TrainSpec) -> torch.optim.Optimi
                              weight_decay=spec.weight_decay)
 
 
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
+
+
+def resumed_optimizer(saved: dict, optimizer: torch.optim.Optimizer, model) -> dict:
+    """A training state's AdamW moments, checked against the model (each parameter's moments
+    of its shape, finite, the second non-negative, a step count >= 0), under the hyperparameters
+    of `optimizer` (the spec's: what the state's own would be, the learning rate being set at
+    every step). Refused with CheckpointError, before any step, if they do not fit."""
+    fresh = optimizer.state_dict()
+    groups, state = saved.get("param_groups"), saved.get("state")
+    if (not isinstance(groups, list) or len(groups) != len(fresh["param_groups"])
+            or any(not isinstance(g, dict) or g.get("params") != f["params"]
+                   for g, f in zip(groups, fresh["param_groups"]))):
+        raise CheckpointError("the training state's optimizer has other parameter groups than "
+                              "its model")
+    shapes = dict(enumerate(p.shape for p in model.parameters()))
+    if not isinstance(state, dict) or not set(state) <= set(shapes):
+        raise CheckpointError("the training state's optimizer holds moments of no parameter")
+    for index, moments in state.items():
+        if not fits(moments, shapes[index]):
+            raise CheckpointError(f"the training state's optimizer moments of parameter "
+                                  f"{index} do not fit it")
+    return {"state": state, "param_groups": fresh["param_groups"]}
+
+
+def fits(moments, shape) -> bool:
+    if not isinstance(moments, dict) or set(moments) != set(ADAM_STATE):
+        return False
+    tensors = [moments[k] for k in ADAM_STATE]
+    if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+        return False
+    step, first, second = tensors
+    return (step.dim() == 0 and first.shape == second.shape == shape
+            and all(bool(torch.isfinite(t).all()) for t in tensors)
+            and bool(step >= 0) and bool((second >= 0).all()))
+
+
 def train(spec: TrainSpec, task, on_step: Callable | None = None, model: PSATransformer = None,
           resume: dict | None = None, on_state: Callable | None = None) -> TrainResult:
     """Train `model` (default: the spec's preset, seeded) on `task`; `resume` is a state that
@@ -197,11 +234,7 @@ def train(spec: TrainSpec, task, on_step: Callable | None = None, model: PSATran
     history, first = [], 1
     if resume is not None:
         model.load_state_dict(resume["state_dict"])
-        try:
-            optimizer.load_state_dict(resume["optimizer"])
-        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
-            raise CheckpointError(f"the training state's optimizer does not fit its model "
-                                  f"({' '.join(str(exc).split())[:120]})")
+        optimizer.load_state_dict(resumed_optimizer(resume["optimizer"], optimizer, model))
         history, first = list(resume["history"]), resume["step"] + 1
     step_model = model
     if replica.world > 1:
