@@ -397,6 +397,40 @@ def test_verify_and_generate_cli(artifacts, checkpoints):
 
 # --------------------------------------------------------------------------- bad input
 
+def recorded_arrays(artifact) -> dict:
+    with np.load(artifact / "reference.npz") as data:
+        return dict(data)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda path, a: path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2]),
+     "is not a readable recorded reference"),
+    (lambda path, a: np.savez(path, **{k: v for k, v in a.items() if k != "logits"}),
+     "is not a readable recorded reference"),
+    (lambda path, a: np.savez(path, **{**a, "logits": np.array([object()] * 3)}),
+     "is not a readable recorded reference"),
+    (lambda path, a: np.savez(path, **{**a, "logits": a["logits"][:, :-1]}),
+     "does not hold the logits of a"),
+    (lambda path, a: np.savez(path, **{**a, "logits": np.full_like(a["logits"], np.nan)}),
+     "does not hold the logits of a"),
+    (lambda path, a: np.savez(path, **{**a, "tokens": a["tokens"].astype(np.float32)}),
+     "does not hold the logits of a"),
+])
+def test_a_damaged_recorded_reference_is_refused(artifacts, tmp_path, damage, message):
+    """verify on a device reads reference.npz; a damaged one was a traceback (BadZipFile, a
+    broadcasting error), found by damaging the artifact's side files."""
+    from psa_edge.checks.verify import RecordedReference
+
+    path = tmp_path / "reference.npz"
+    with open(path, "wb") as f:
+        f.write((artifacts["onnx"] / "reference.npz").read_bytes())
+    damage(path, recorded_arrays(artifacts["onnx"]))
+    vocab = manifest_of(artifacts["onnx"])["config"]["vocab_size"]
+    with pytest.raises(ArtifactError, match=message):
+        RecordedReference(path, vocab)
+    RecordedReference(artifacts["onnx"] / "reference.npz", vocab)  # the undamaged one reads
+
+
 def test_bad_input_leaves_the_session_usable(artifacts, small_vocab):
     session = open_session(artifacts["onnx"])
     tokens = np.arange(10) % 64

@@ -26,6 +26,7 @@ the checkpoint the manifest names (or `--reference`) where it and torch are pres
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -91,11 +92,17 @@ class RecordedReference:
     """The eager fp32 forward's logits on the probes, recorded beside the artifact at export
     (`reference.npz`): verify on a device without torch or the checkpoint."""
 
-    def __init__(self, path: Path):
-        with np.load(path) as data:
-            self.tokens, self.logits = data["tokens"], data["logits"]
-            self.continuation_tokens = data["continuation_tokens"]
-            self.continuation_logits = data["continuation_logits"]
+    def __init__(self, path: Path, vocab_size: int):
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = [data[name] for name in RECORDED]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise ArtifactError(f"{path} is not a readable recorded reference "
+                                f"({' '.join(str(exc).split())[:100]})")
+        self.tokens, self.logits, self.continuation_tokens, self.continuation_logits = arrays
+        if not recorded_shapes_fit(*arrays, vocab_size):
+            raise ArtifactError(f"{path} does not hold the logits of a {vocab_size}-token "
+                                f"vocabulary on integer probes, all finite")
         self.name = f"the float reference's logits recorded at export ({path.name})"
 
     def check(self, probes: Probes) -> None:
@@ -111,6 +118,20 @@ class RecordedReference:
     def continuations(self, probes: Probes) -> list[np.ndarray]:
         self.check(probes)
         return list(self.continuation_logits)
+
+
+RECORDED = ("tokens", "logits", "continuation_tokens", "continuation_logits")
+
+
+def recorded_shapes_fit(tokens, logits, continuation_tokens, continuation_logits,
+                        vocab_size: int) -> bool:
+    """Whether a recorded reference's arrays are what `record_reference` writes."""
+    integers = all(a.dtype.kind in "iu" for a in (tokens, continuation_tokens))
+    floats = all(a.dtype.kind == "f" for a in (logits, continuation_logits))
+    return (integers and floats and tokens.ndim == 1 and continuation_tokens.ndim == 2
+            and logits.shape == (*tokens.shape, vocab_size)
+            and continuation_logits.shape == (*continuation_tokens.shape, vocab_size)
+            and bool(np.isfinite(logits).all()) and bool(np.isfinite(continuation_logits).all()))
 
 
 def record_reference(reference: Reference, vocab_size: int, max_seq_len: int, path: Path
@@ -254,7 +275,7 @@ def reference_for(artifact: Path, manifest: dict, checkpoint: Path | None):
         eager = Reference.of_artifact(manifest, checkpoint)
         return LiveReference(eager), eager
     if recorded.is_file():
-        return RecordedReference(recorded), None
+        return RecordedReference(recorded, manifest["config"]["vocab_size"]), None
     raise ArtifactError(f"no reference: the checkpoint {str(source)!r} is not here (or torch "
                         f"is not installed) and the artifact has no {REFERENCE}")
 
