@@ -115,7 +115,7 @@ def test_resume_continues_to_the_weights_of_an_uninterrupted_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def training_state(tmp_path_factory):
-    """A training state after step 3 of SHORT's 6 (its payload, and where it was written)."""
+    """The payload of a training state after step 3 of SHORT's 6."""
     folder = tmp_path_factory.mktemp("state")
     done = run("psa_edge.cli", "train", *SHORT, "--state-every", "3", "-o", folder / "m.pt")
     assert done.returncode == 0, done.stderr[-2000:]
