@@ -12,3 +12,16 @@ __version__ = "0.1.0"
 
 SEED_MAX = 2**32 - 1  # numpy's and torch's common seed range
 LENGTH_MAX = 1 << 20  # tokens; a bound for lengths that would otherwise exhaust memory
+
+# The training options' bounds, name -> (low, high, kind): the command line's `train` options
+# take theirs from here, and `train --resume` checks a training state's by them. They live at
+# the root because the device bundle's CLI, which carries no train/, defines those options too.
+# A float's low bound is exclusive where EXCLUSIVE_LOW names it.
+TRAIN_RANGES = {
+    "layers": (1, 1024, int), "steps": (1, 10**9, int), "seed": (0, SEED_MAX, int),
+    "batch_size": (1, LENGTH_MAX, int), "warmup": (0, 10**9, int),
+    "eval_every": (1, 10**9, int), "eval_samples": (1, LENGTH_MAX, int),
+    "vocab_size": (2, LENGTH_MAX, int), "state_every": (0, 10**9, int),
+    "gamma": (0.0, 100.0, float), "lr": (0.0, 10.0, float), "weight_decay": (0.0, 10.0, float),
+    "stop_at": (0.0, 1.0, float)}
+EXCLUSIVE_LOW = {"lr"}

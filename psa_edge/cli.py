@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from psa_edge import LENGTH_MAX, SEED_MAX
+from psa_edge import EXCLUSIVE_LOW, LENGTH_MAX, SEED_MAX, TRAIN_RANGES
 from psa_edge.errors import EXIT_BAD_INPUT, PsaEdgeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -48,11 +48,9 @@ def number(low: float | None = None, high: float | None = None, *, above: float 
 
 
 def spec_range(name: str) -> dict:
-    """typer.Option's bounds for a training option: the library's (`train.SPEC_RANGES`), by
-    which `train --resume` also checks what a training state recorded."""
-    from psa_edge.train import EXCLUSIVE_LOW, SPEC_RANGES
-
-    low, high, kind = SPEC_RANGES[name]
+    """typer.Option's bounds for a training option: the library's (`psa_edge.TRAIN_RANGES`),
+    by which `train --resume` also checks what a training state recorded."""
+    low, high, kind = TRAIN_RANGES[name]
     if kind is int:
         return {"min": low, "max": high}
     return {"callback": number(high=high, above=low) if name in EXCLUSIVE_LOW else

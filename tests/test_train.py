@@ -194,13 +194,14 @@ def test_the_command_line_bounds_are_the_ones_a_training_state_is_checked_by():
     import dataclasses
 
     from psa_edge.cli import app
-    from psa_edge.train import SPEC_KINDS, SPEC_RANGES
+    from psa_edge import TRAIN_RANGES
+    from psa_edge.train import SPEC_KINDS
     from typer import BadParameter
     from typer.main import get_command
 
-    assert set(SPEC_RANGES) | set(SPEC_KINDS) == {f.name for f in dataclasses.fields(TrainSpec)}
+    assert set(TRAIN_RANGES) | set(SPEC_KINDS) == {f.name for f in dataclasses.fields(TrainSpec)}
     options = {p.name: p for p in get_command(app).commands["train"].params}
-    for name, (low, high, kind) in SPEC_RANGES.items():
+    for name, (low, high, kind) in TRAIN_RANGES.items():
         if name in ("warmup", "weight_decay"):  # not command-line options
             continue
         if kind is int:

@@ -1,16 +1,16 @@
 """Training and evaluation: `trainer` (the deterministic loop) and `run` (the commands' files).
 
 This module itself does not import torch: the command line checks a device name against it
-before the command pays for torch's import, and takes its numeric options' bounds from
-SPEC_RANGES, by which `check_spec` checks the options a training state recorded (`train
---resume`)."""
+before the command pays for torch's import. `check_spec` checks the options a training state
+recorded (`train --resume`) by the bounds the command line's options take theirs from
+(`psa_edge.TRAIN_RANGES`)."""
 
 from __future__ import annotations
 
 import math
 import re
 
-from psa_edge import LENGTH_MAX, SEED_MAX
+from psa_edge import EXCLUSIVE_LOW, TRAIN_RANGES
 from psa_edge.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the N-th GPU, counted from 0
@@ -23,15 +23,6 @@ def check_device(name: str) -> None:
         raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
 
 
-# name -> (low, high, kind); a float's low is exclusive where EXCLUSIVE_LOW names it.
-SPEC_RANGES = {
-    "layers": (1, 1024, int), "steps": (1, 10**9, int), "seed": (0, SEED_MAX, int),
-    "batch_size": (1, LENGTH_MAX, int), "warmup": (0, 10**9, int),
-    "eval_every": (1, 10**9, int), "eval_samples": (1, LENGTH_MAX, int),
-    "vocab_size": (2, LENGTH_MAX, int), "state_every": (0, 10**9, int),
-    "gamma": (0.0, 100.0, float), "lr": (0.0, 10.0, float), "weight_decay": (0.0, 10.0, float),
-    "stop_at": (0.0, 1.0, float)}
-EXCLUSIVE_LOW = {"lr"}
 OPTIONAL = {"gamma", "layers", "vocab_size", "stop_at"}  # None: the default
 SPEC_KINDS = {"task": str, "preset": str, "variant": str, "device": str, "weights_dtype": str,
               "compile": bool, "task_params": dict, "config_overrides": dict, "text": list}
@@ -44,7 +35,7 @@ def check_spec(spec: dict, source: str) -> None:
     from psa_edge.model.config import PRESETS, VARIANTS, WEIGHT_DTYPES
     from psa_edge.tasks import TASKS
 
-    fields = set(SPEC_RANGES) | set(SPEC_KINDS)
+    fields = set(TRAIN_RANGES) | set(SPEC_KINDS)
     if set(spec) != fields:
         odd = sorted(fields - set(spec)) or sorted(map(str, set(spec) - fields))
         raise ConfigError(f"{source} records {'no' if fields - set(spec) else 'an unknown'} "
@@ -60,7 +51,7 @@ def check_spec(spec: dict, source: str) -> None:
         if spec[name] not in known:
             raise ConfigError(f"{source} records an unknown {name} {spec[name]!r}")
     check_device(spec["device"])
-    for name, (low, high, kind) in SPEC_RANGES.items():
+    for name, (low, high, kind) in TRAIN_RANGES.items():
         if spec[name] is None and name in OPTIONAL:
             continue
         if not in_range(spec[name], low, high, kind, name in EXCLUSIVE_LOW):
