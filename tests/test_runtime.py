@@ -476,6 +476,7 @@ def test_artifact_of_another_graph_io_is_refused(artifacts):
     (["--prompt", "AB", "-n", "47"], "max length"),
     (["--prompt", "AB", "--draft", "DRAFT6"], "vocabulary"),
     (["--prompt", "AB", "--prompt-ids", "1"], "exactly one"),
+    (["--prompt", ""], "the prompt is empty"),
 ])
 def test_generate_bad_input(artifacts, small_vocab, args, message):
     args = [str(small_vocab["target"]) if a == "DRAFT6" else a for a in args]

@@ -38,7 +38,11 @@ def read_prompt(tokenizer, prompt: str | None, prompt_file: Path | None,
             prompt = Path(prompt_file).read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise SequenceError(f"cannot read --prompt-file {prompt_file}: {exc}")
-    return tokenizer.encode(prompt)
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise SequenceError(f"the prompt {'file ' if prompt_file else ''}is empty: it has no "
+                            f"tokens to start from")
+    return ids
 
 
 def cut(text: str, strings) -> str:
