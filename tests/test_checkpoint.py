@@ -94,6 +94,20 @@ def test_a_config_that_claims_tied_embeddings_it_does_not_have(tmp_path):
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize("params,message", [
+    ({"seq_len": {}}, "seq_len = {} is not an integer"),
+    ({"seq_len": 16, "alphabet": 2**63}, "alphabet = 9223372036854775808 is not an integer"),
+])
+def test_eval_refuses_a_recorded_task_with_junk_parameters(tmp_path, params, message):
+    """A checkpoint's recorded task parameters reach get_task; junk there was a TypeError."""
+    from conftest import cli
+
+    path = tmp_path / "m.pt"
+    save_checkpoint(path, make_model(), {"task": {"name": "ih-sht", "params": params}})
+    result = cli("eval", path, "--samples", "4")
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_storage(tmp_path, dtype):
