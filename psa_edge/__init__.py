@@ -25,3 +25,15 @@ TRAIN_RANGES = {
     "gamma": (0.0, 100.0, float), "lr": (0.0, 10.0, float), "weight_decay": (0.0, 10.0, float),
     "stop_at": (0.0, 1.0, float)}
 EXCLUSIVE_LOW = {"lr"}
+
+
+def is_integer(value, low, high) -> bool:
+    """Whether `value` is an int (a bool is not) in [low, high]: what a bound above checks."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def is_number(value, low, high) -> bool:
+    """Whether `value` is an int or float (a bool is not) in [low, high]; NaN never is, and
+    an infinity is outside any finite bounds."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and low <= value <= high)

@@ -142,9 +142,9 @@ def record_reference(reference: Reference, vocab_size: int, max_seq_len: int, pa
     probes = Probes.of(vocab_size, max_seq_len)
     live = LiveReference(reference)
     with atomic_output(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, tokens=probes.tokens, logits=live.probe(probes),
-                 continuation_tokens=probes.continuations,
-                 continuation_logits=np.stack(live.continuations(probes)))
+        arrays = (probes.tokens, live.probe(probes), probes.continuations,
+                  np.stack(live.continuations(probes)))
+        np.savez(f, **dict(zip(RECORDED, arrays)))
 
 
 def check_parity(session, expected, tokens, ref_tol, rng) -> Check:

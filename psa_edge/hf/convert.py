@@ -102,20 +102,22 @@ def read_json(path: Path, what: str) -> dict:
     return data
 
 
-STRING, LIST, OBJECT, INTEGER, NUMBER = ((str,), "a string"), ((list,), "a list"), (
-    (dict,), "an object"), ((int,), "an integer"), ((int, float), "a number")
-TYPED_FIELDS = {  # what check_llama and import_hf read before ModelConfig checks the rest
-    "model_type": STRING, "architectures": LIST, "rope_scaling": OBJECT, "hidden_act": STRING,
-    "hidden_size": INTEGER, "num_attention_heads": INTEGER, "head_dim": INTEGER,
-    "gamma_k": NUMBER, "gamma_q": NUMBER, "psa_variant": STRING}
+# What check_llama and import_hf read before ModelConfig checks the rest: name -> JSON type.
+TYPED_FIELDS = {"model_type": "a string", "architectures": "a list", "rope_scaling": "an object",
+                "hidden_act": "a string", "hidden_size": "an integer",
+                "num_attention_heads": "an integer", "head_dim": "an integer",
+                "gamma_k": "a number", "gamma_q": "a number", "psa_variant": "a string"}
+JSON_TYPES = {"a string": (str,), "a list": (list,), "an object": (dict,),
+              "an integer": (int,), "a number": (int, float)}
 
 
 def check_types(config: dict, path: Path) -> None:
     """Refuse a field of the wrong JSON type (a bool is not a number here), so that no check
     computes with it."""
-    for key, (kinds, kind) in TYPED_FIELDS.items():
+    for key, kind in TYPED_FIELDS.items():
         value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, JSON_TYPES[kind])):
             raise ConfigError(f"{path}: {key} = {value!r} is not {kind}")
 
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from psa_edge import LENGTH_MAX
+from psa_edge import LENGTH_MAX, is_integer
 from psa_edge.errors import TaskError
 from psa_edge.tasks import induction
 from psa_edge.tasks.induction import IGNORE
@@ -30,7 +30,6 @@ SPLITS = ("train", "test")
 EVAL_SEED = 1234  # fixed so that every run of a task is scored on the same held-out set
 TEST_FRACTION_MODULUS = 10  # one example in ten (by hash) belongs to the test split
 _HASH_PRIME = 2_147_483_647
-PARAM_MAX = LENGTH_MAX  # every task parameter is a length or a count of tokens
 
 
 @dataclass(frozen=True)
@@ -131,10 +130,10 @@ def get_task(name: str, **params) -> Task:
     if unknown:
         raise TaskError(f"task {name} has no parameter {', '.join(unknown)}")
     merged = {**d.defaults, **{k: v for k, v in params.items() if v is not None}}
-    for key, value in merged.items():
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PARAM_MAX:
+    for key, value in merged.items():  # each a length or a count of tokens
+        if not is_integer(value, 1, LENGTH_MAX):
             raise TaskError(f"task {name}: {key} = {value!r} is not an integer in [1, "
-                            f"{PARAM_MAX}]")
+                            f"{LENGTH_MAX}]")
     if merged["seq_len"] < 8:
         raise TaskError(f"task {name} needs seq_len >= 8, got {merged['seq_len']}")
     if name == "ih-offset" and not 1 <= merged["max_offset"] <= merged["seq_len"] - 3:
@@ -165,12 +164,9 @@ def task_from_dict(d: dict, tokenizer=None):
 
 def is_text_record(params) -> bool:
     """Whether `params` is a text task's record as TextTask.params writes it."""
-    def integer(value, low, high):
-        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
     corpus = params.get("corpus") if isinstance(params, dict) else None
-    return (isinstance(corpus, dict) and integer(params.get("seq_len"), 8, LENGTH_MAX)
-            and integer(params.get("val_percent"), 1, 99)
+    return (isinstance(corpus, dict) and is_integer(params.get("seq_len"), 8, LENGTH_MAX)
+            and is_integer(params.get("val_percent"), 1, 99)
             and isinstance(corpus.get("root"), str) and isinstance(corpus.get("sha256"), str)
             and isinstance(corpus.get("files"), list)
             and all(isinstance(f, str) for f in corpus["files"]))

@@ -7,10 +7,9 @@ recorded (`train --resume`) by the bounds the command line's options take theirs
 
 from __future__ import annotations
 
-import math
 import re
 
-from psa_edge import EXCLUSIVE_LOW, TRAIN_RANGES
+from psa_edge import EXCLUSIVE_LOW, TRAIN_RANGES, is_integer, is_number
 from psa_edge.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the N-th GPU, counted from 0
@@ -52,15 +51,12 @@ def check_spec(spec: dict, source: str) -> None:
             raise ConfigError(f"{source} records an unknown {name} {spec[name]!r}")
     check_device(spec["device"])
     for name, (low, high, kind) in TRAIN_RANGES.items():
-        if spec[name] is None and name in OPTIONAL:
+        value = spec[name]
+        if value is None and name in OPTIONAL:
             continue
-        if not in_range(spec[name], low, high, kind, name in EXCLUSIVE_LOW):
+        fits = (is_integer(value, low, high) if kind is int else is_number(value, low, high)
+                and not (name in EXCLUSIVE_LOW and value == low))
+        if not fits:
             raise ConfigError(f"{source} records {name} = {spec[name]!r}, not "
                               f"{'an integer' if kind is int else 'a number'} in "
                               f"{'(' if name in EXCLUSIVE_LOW else '['}{low}, {high}]")
-
-
-def in_range(value, low, high, kind, exclusive_low: bool) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
-        return False
-    return math.isfinite(value) and low <= value <= high and not (exclusive_low and value == low)
