@@ -33,6 +33,7 @@ from typing import Mapping
 
 import numpy as np
 
+from psa_edge import is_integer, is_number
 from psa_edge.errors import ArtifactError, ConfigError
 
 State = dict[str, np.ndarray]
@@ -86,16 +87,14 @@ def check_config(config: Mapping) -> None:
             raise ConfigError(f"config field {name} = {value} is outside [{low}, {high}]")
     for name, (low, high) in FLOAT_FIELDS.items():
         value = config.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not low <= float(value) <= high:
+        if not is_number(value, low, high):
             raise ConfigError(f"config field {name} must be a number in [{low:g}, {high:g}], "
                               f"got {value!r}")
     if not low_exclusive(config["rms_norm_eps"]) or not low_exclusive(config["rope_theta"]):
         raise ConfigError("config fields rms_norm_eps and rope_theta must be positive")
     for name in ("bos_token_id", "eos_token_id"):
         value = config.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or not 0 <= value < config["vocab_size"]):
+        if value is not None and not is_integer(value, 0, config["vocab_size"] - 1):
             raise ConfigError(f"config field {name} = {value!r} is not a token id of the "
                               f"vocabulary")
     if config["hidden_size"] % config["num_attention_heads"]:

@@ -137,3 +137,25 @@ def test_a_weight_that_overflows_float16_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="does not fit in float16"):
         save_checkpoint(tmp_path / "m.pt", model, {}, weights_dtype="float16")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("hidden_size", True, "hidden_size must be an integer, got True"),
+    ("hidden_size", 1, r"hidden_size = 1 is outside \[2, "),
+    ("rope_theta", "1e4", r"rope_theta must be a number in \[0, 1e\+12\], got '1e4'"),
+    ("gamma_k", float("nan"), r"gamma_k must be a number in \[0, 100\], got nan"),
+    ("gamma_q", False, "gamma_q must be a number"),
+    ("rms_norm_eps", 0.0, "rms_norm_eps and rope_theta must be positive"),
+    ("eos_token_id", 64, "eos_token_id = 64 is not a token id of the vocabulary"),
+    ("bos_token_id", True, "bos_token_id = True is not a token id"),
+    ("bos_token_id", 1.0, "bos_token_id = 1.0 is not a token id"),
+])
+def test_a_config_of_junk_values_is_refused_by_field(field, value, message):
+    from psa_edge.contract import check_config
+
+    config = make_model().cfg.to_dict()
+    check_config(config)
+    config["eos_token_id"] = config["vocab_size"] - 1  # the last token id is one
+    check_config(config)
+    with pytest.raises(ConfigError, match=message):
+        check_config(config | {field: value})
