@@ -41,8 +41,8 @@ CALLS = 50  # timed calls of each program per round, after 10 untimed
 
 def linears_module(preset: str, last_row: bool):
     """The preset's weight matrices in a transformer's order, nothing else: per layer q, k, v
-    on the normed input, o on their sum, the MLP's gate and up, their product into down; then
-    the output projection, on every row or the last."""
+    on the layer's input, o on q plus k + v (tiled to q's width), the MLP's gate and up, their
+    product into down; then the output projection, on every row or the last."""
     import torch
     from torch import nn
 
