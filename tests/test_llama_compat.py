@@ -115,7 +115,7 @@ def test_the_int4_prefill_pieces_are_the_models_matrices_and_attention():
 
 
 def test_int4_prefill_findings_are_computed_from_the_rows():
-    from int4_prefill import findings, table
+    from int4_prefill import findings, page, table
 
     def round_(threads, llama, session, program, every, last, attention, onnx, kernels):
         return {"threads": threads, "llama.cpp": llama,
@@ -140,3 +140,9 @@ def test_int4_prefill_findings_are_computed_from_the_rows():
     rows = table(rounds, [1, 2]).splitlines()
     assert rows[2] == ("| 1 | 2.00 | 2.50 / 2.40 | 1.20 / 0.80 | **0.40** | 0.40 | 3.00 | "
                        "2.00 | **1.00** |")
+    # The block names what the rounds record, not the machine or commit it is rendered on.
+    recorded = [r | {"preset": "psa-4m", "tokens": 128, "commit": "abc1234", "machine": "M"}
+                for r in rounds]
+    block = page(recorded)
+    assert block.startswith("M, psa-edge at commit abc1234; psa-4m, ")
+    assert "per 128-token prefill" in block and "medians of 1 round taking turns" in block

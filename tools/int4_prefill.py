@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from common import OUT, artifact, commit, machine, page_with_block, psa_edge_json, write_block
-from llama_cpp_bench import build_llama_cpp, gguf_builds
+from llama_cpp_bench import build_llama_cpp, gguf_builds, llama_bench
 
 from psa_edge.io import write_json
 from psa_edge.model import PRESETS
@@ -173,13 +173,9 @@ def onnx_times(path: Path, tokens: int, threads: int) -> dict:
 
 
 def llama_ms(binaries: Path, gguf: Path, tokens: int, threads: int) -> float:
-    import subprocess
-
-    out = subprocess.run([binaries / "llama-bench", "-m", gguf, "-p", str(tokens), "-n", "0",
-                          "-r", "10", "-t", str(threads), "-o", "json"],
-                         check=True, capture_output=True, text=True).stdout
-    test = json.loads(out)[0]
-    return 1e3 * tokens / test["avg_ts"]
+    """Milliseconds of llama-bench's `tokens`-token prefill (its mean over 10 repetitions)."""
+    rate = llama_bench(binaries, gguf, threads, argparse.Namespace(p=tokens, n=0, r=10))["pp"]
+    return 1e3 * tokens / rate
 
 
 def measure(args) -> list[dict]:
@@ -196,8 +192,9 @@ def measure(args) -> list[dict]:
         set_threads(threads)
         pieces = lowered_pieces(args.preset, args.p)
         for _ in range(args.rounds):
-            rounds.append({"threads": threads, "llama.cpp": llama_ms(binaries, gguf, args.p,
-                                                                     threads),
+            rounds.append({"threads": threads, "preset": args.preset, "tokens": args.p,
+                           "commit": commit(), "machine": machine(),
+                           "llama.cpp": llama_ms(binaries, gguf, args.p, threads),
                            "xnnpack": xnnpack_times(xnnpack, threads, pieces, prompt),
                            "onnx": onnx_times(onnx, args.p, threads)})
             print(rounds[-1], flush=True)
@@ -256,6 +253,19 @@ def findings(rounds: list[dict], threads: list[int]) -> str:
     return "\n".join(lines)
 
 
+def page(rounds: list[dict]) -> str:
+    """The block: how it was measured (from the rounds' own record), findings and table."""
+    first, threads = rounds[0], sorted({r["threads"] for r in rounds})
+    measured = min(sum(r["threads"] == n for r in rounds) for n in threads)
+    return (f"{first['machine']}, psa-edge at commit {first['commit']}; {first['preset']}, "
+            f"random weights on the 4-bit grid (the llama.cpp block's builds), PSA key-only 0.8 "
+            f"against llama.cpp's Q4_0 of its twin. Milliseconds per {first['tokens']}-token "
+            f"prefill from an empty cache, medians of {measured} round{'s' * (measured > 1)} "
+            f"taking turns "
+            f"(llama-bench -r 10; each psa-edge time a median of {CALLS} calls):\n\n"
+            + findings(rounds, threads) + "\n\n" + table(rounds, threads) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="psa-4m", choices=list(PRESETS))
@@ -267,19 +277,14 @@ def main() -> None:
     page_with_block("int4-prefill", "docs/benchmarks.md")
     results = FOLDER / "results.json"
     if args.render:
+        if not results.exists():
+            raise SystemExit(f"{results} does not exist: measure first (without --render)")
         rounds = json.loads(results.read_text())
     else:
         rounds = measure(args)
         FOLDER.mkdir(parents=True, exist_ok=True)
         write_json(results, rounds)
-    threads = sorted({r["threads"] for r in rounds})
-    measured = min(sum(r["threads"] == n for r in rounds) for n in threads)
-    block = (f"{machine()}, psa-edge at commit {commit()}; {args.preset}, random weights on the "
-             f"4-bit grid (the llama.cpp block's builds), PSA key-only 0.8 against llama.cpp's "
-             f"Q4_0 of its twin. Milliseconds per {args.p}-token prefill from an empty cache, "
-             f"medians of {measured} rounds taking turns (llama-bench -r 10; each psa-edge "
-             f"time a median of {CALLS} calls):\n\n" + findings(rounds, threads) + "\n\n"
-             + table(rounds, threads) + "\n")
+    block = page(rounds)
     write_block("int4-prefill", block, "docs/benchmarks.md")
     print(block)
 
