@@ -215,6 +215,25 @@ def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str)
     return export_once(ckpt, BENCH / name, target, quant, bool(twin), form, MAX_LEN)
 
 
+def xnnpack_program(module, example: tuple, dynamic_shapes=None, reinplace: bool = False):
+    """(program, its `forward` method) of `module` exported, lowered to XNNPACK the way the
+    exporter lowers (`executorch_target.to_edge`) and loaded; `reinplace` keeps buffer writes in
+    place, as the runner form's programs are serialized. The program must outlive the method."""
+    import torch
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.runtime import Runtime
+
+    from psa_edge.export import quiet
+    from psa_edge.export.executorch_target import to_edge
+
+    with quiet():
+        program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
+        pte = to_edge(program, delegated=True).to_executorch(
+            ExecutorchBackendConfig(run_reinplace_pass=reinplace))
+    loaded = Runtime.get().load_program(pte.buffer)
+    return loaded, loaded.load_method("forward")
+
+
 def mean_std(values: list[float]) -> str:
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.3f} ± {spread:.3f}"

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import OUT, artifact, commit, machine, page_with_block, psa_edge_json, write_block
+from common import (OUT, artifact, commit, machine, page_with_block, psa_edge_json,
+                    write_block, xnnpack_program)
 from llama_cpp_bench import build_llama_cpp, gguf_builds, llama_bench
 
 from psa_edge.io import write_json
@@ -116,18 +117,7 @@ def lowered_pieces(preset: str, tokens: int) -> dict:
 
 def lowered(module, example: tuple):
     """(program, forward method, inputs) of `module`, lowered to XNNPACK."""
-    import torch
-    from executorch.exir import ExecutorchBackendConfig
-    from executorch.runtime import Runtime
-
-    from psa_edge.export import quiet
-    from psa_edge.export.executorch_target import to_edge
-
-    with quiet():
-        program = torch.export.export(module, example)
-        pte = to_edge(program, delegated=True).to_executorch(ExecutorchBackendConfig())
-    loaded = Runtime.get().load_program(pte.buffer)
-    return loaded, loaded.load_method("forward"), list(example)
+    return (*xnnpack_program(module, example), list(example))
 
 
 def median_ms(call) -> float:

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from common import MAX_LEN
+from common import MAX_LEN, xnnpack_program
 
 # Read between cold calls: twice the 32 MiB L3 of the host the docs' numbers come from. The cold
 # cost grows with what was read (there 4.5, 5.1 and 6.8 us per layer after 32, 64 and 128 MiB),
@@ -72,24 +72,14 @@ def chain_module(layers: int, heads: int, head_dim: int, window: int, sheared: b
 
 
 def lowered_method(module, heads: int, head_dim: int):
-    """`forward` of the module lowered as the runner form is: `executorch_target.to_edge`
-    (XNNPACK), then the reinplace pass that keeps the buffer writes in place."""
+    """`forward` of the module lowered as the runner form is (any chunk length, the buffer
+    writes kept in place): (program, method)."""
     import torch
-    from executorch.exir import ExecutorchBackendConfig
-    from executorch.runtime import Runtime
     from torch.export import Dim
-
-    from psa_edge.export import quiet
-    from psa_edge.export.executorch_target import to_edge
 
     example = (torch.randn(1, heads, 4, head_dim), torch.tensor([0]))
     seq = Dim("seq", min=1, max=MAX_LEN - 1)
-    with quiet():
-        program = torch.export.export(module, example, dynamic_shapes=({2: seq}, None))
-        edge = to_edge(program, delegated=True)
-        pte = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass=True))
-    loaded = Runtime.get().load_program(pte.buffer)
-    return loaded, loaded.load_method("forward")
+    return xnnpack_program(module, example, ({2: seq}, None), reinplace=True)
 
 
 def warm_us(method, inputs: list, calls: int) -> float:
