@@ -1,4 +1,5 @@
-"""The device bundle on 64-bit ARM, under emulation: what .ci/run checks, and docs/device.md.
+"""The device bundle on 64-bit ARM, under emulation: what .ci/run checks, and
+docs/reference/device.md.
 
 An arm64 Debian bookworm userland (Python 3.11, as 64-bit Raspberry Pi OS), unpacked from
 Debian's own packages into ~/.cache/psa-edge/arm64-bookworm (reused once built), runs under
@@ -11,7 +12,7 @@ PyPI), and its commands run there: generate, bench (small), verify (torch-free, 
 reference logits recorded at export). A fixed probe's logits must equal this machine's to fp32
 tolerance.
 
-    python .ci/arm64_check.py [--doc]     # --doc: rewrite docs/device.md's measured block
+    python .ci/arm64_check.py [--doc]     # --doc: rewrite docs/reference/device.md's measured block
 
 Exit 0: passed; 1: a check failed; 3: skipped, with the reason on stderr (not root, no
 qemu-user-static and no way to install it, no binfmt_misc, or no network to Debian and PyPI).
@@ -166,7 +167,7 @@ def probe_logits(python: str) -> str:
 
 
 def write_doc_block(report: dict, steps: list) -> None:
-    """docs/device.md's block between `<!-- arm64:begin -->` and `<!-- arm64:end -->`."""
+    """docs/reference/device.md's block between `<!-- arm64:begin -->` and `<!-- arm64:end -->`."""
     machine, python, numpy, onnxruntime, size = report["versions"].split()[:5]
     installed = ", ".join(report["versions"].split()[6:])
     ratio = report["bench"]["ratio_psa_over_twin"]["tg16_time"]["median"]
@@ -185,7 +186,7 @@ def write_doc_block(report: dict, steps: list) -> None:
               f"verify passed against {report['verify']['reference']}; generate wrote "
               f"`{report['generate']!r}`; bench's PSA/twin decode time ratio (1 repetition, "
               f"emulated): {ratio:.3f}."]
-    path = REPO / "docs" / "device.md"
+    path = REPO / "docs" / "reference" / "device.md"
     text = path.read_text()
     head, rest = text.split("<!-- arm64:begin -->", 1)
     path.write_text(head + "<!-- arm64:begin -->\n" + "\n".join(lines) + "\n"

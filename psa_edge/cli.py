@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 
 from psa_edge import EXCLUSIVE_LOW, LENGTH_MAX, SEED_MAX, TRAIN_RANGES
-from psa_edge.errors import EXIT_BAD_INPUT, PsaEdgeError
+from psa_edge.errors import EXIT_BAD_INPUT, ConfigError, PsaEdgeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   rich_markup_mode=None, context_settings={"max_content_width": 100},
@@ -287,11 +287,11 @@ def export(
                                          help="Seed of the calibration draw."),
     keep_shear_fp32: bool = typer.Option(True, "--keep-shear-fp32/--quantize-shear",
                                          help="Keep the shear's Sub/Mul/Add in fp32 (default; "
-                                         "measured in docs/quantization.md)."),
+                                         "measured in docs/results/quantization.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Export a checkpoint to ONNX or ExecuTorch, check it against the float reference, and write
-    the artifact folder (model, tokenizer, manifest) in one step (docs/spec.md §8)."""
+    the artifact folder (model, tokenizer, manifest) in one step (docs/reference/spec.md §8)."""
     from psa_edge.errors import ExportError
 
     if group_size is not None and not quantize:
@@ -454,7 +454,7 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """KV-cache parity, prefix reuse, rollback and speculative decoding against the float
-    reference (docs/spec.md §3, §5); exit 1 unless every check passes."""
+    reference (docs/reference/spec.md §3, §5); exit 1 unless every check passes."""
     from psa_edge.checks.verify import STAGES
     from psa_edge.checks.verify import verify as run_verify
     from psa_edge.display import stage_bar, verify_table
@@ -495,11 +495,20 @@ def bench(
     """Prefill and decode tokens/s like llama-bench; with --vs, PSA against its twin."""
     from psa_edge.display import bench_tables, progress_bar
     from psa_edge.io import check_output, refuse_overlap
-    from psa_edge.runtime.bench import BenchSpec, dumps, execute, prepare_bench
+    from psa_edge.runtime.bench import BenchSpec, dumps, prepare_bench
 
+    try:  # the lab's additions (FLOPs, ExecuTorch's own runner, --profile), where installed
+        from psa_edge.lab.bench import execute
+    except ImportError:  # the device bundle ships the runtime's loop only
+        from psa_edge.runtime.bench import execute
     if profile:
         from psa_edge.display import profile_table
-        from psa_edge.runtime.profile import profile_tokens
+
+        try:
+            from psa_edge.lab.profile import profile_tokens
+        except ImportError:
+            raise ConfigError("--profile is psa-edge's measurement lab, which this device "
+                              "bundle does not carry; profile on the machine that exported")
 
         report = profile_tokens(artifact, BenchSpec(prompt, gen, reps, 0, threads))
         typer.echo(dumps(report)) if as_json else profile_table(report)

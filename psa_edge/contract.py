@@ -1,12 +1,15 @@
-"""The graph I/O contract, in one place: state fields, tensor names and shapes, the manifest's
-`io` block and the files of an artifact folder (docs/spec.md §4, §8). numpy only, no torch.
+"""The graph I/O contract, in one place: state fields, tensor names and shapes, the manifest's `io`
+block and the files of an artifact folder (docs/reference/spec.md §4, §8). numpy only, no torch.
 
 Export writes what this module derives; the runtime, the backends and the checks read it back
 with `GraphIO.from_manifest`, which recomputes the block from the manifest's config and refuses
 an artifact whose recorded block differs (an artifact of an older psa-edge, or a hand-edited
 manifest). Nothing else spells a tensor name or a state shape.
 
-Forms:
+Graph forms are registered objects (`register_form`, looked up by `get_form`): one class per
+form says its state, its tensor names and shapes, the targets that build it, the torch half
+the exporter builds it with and the session that runs it, so nothing outside this registry
+compares a form's name. The three psa-edge ships:
 - `explicit-state`: `(input_ids [1, S], *past) -> (logits [1, S, V], *present, *raw)`; per
   layer i the inputs `past_key_values.{i}.key / .value / .prev_key / .prev_query` (in that
   order; the slots only where that gamma is non-zero), the outputs `present.{i}.key / .value`,
@@ -25,6 +28,7 @@ Forms:
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from dataclasses import dataclass
@@ -41,7 +45,6 @@ State = dict[str, np.ndarray]
 CACHE_FIELDS = ("key", "value")
 # Each slot and the raw stream it is read from: the last row of the chunk's raw stream.
 RAW_OF_SLOT = {"prev_key": "raw_key", "prev_query": "raw_query"}
-FORMS = ("explicit-state", "runner", "fused")
 # Target -> backend that runs it, and the model file inside the artifact folder.
 BACKENDS = {"xnnpack": "executorch", "portable": "executorch", "onnx": "onnxruntime"}
 MODEL_FILES = {"xnnpack": "model.pte", "portable": "model.pte", "onnx": "model.onnx"}
@@ -157,13 +160,14 @@ class GraphIO:
 
     @classmethod
     def from_config(cls, config: Mapping, max_seq_len: int,
-                    form: str = "explicit-state") -> "GraphIO":
+                    form: str | None = None) -> "GraphIO":
+        """`form`: a registered form's name (default `DEFAULT_FORM`)."""
+        form = DEFAULT_FORM if form is None else form
         check_config(config)
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) \
                 or not 1 <= max_seq_len <= INT_FIELDS["max_position_embeddings"][1]:
             raise ArtifactError(f"max_seq_len {max_seq_len!r} is not a length")
-        if form not in FORMS:
-            raise ArtifactError(f"unknown graph form {form!r}; psa-edge knows {', '.join(FORMS)}")
+        get_form(form)
         gamma_q, gamma_k = gammas(config)
         return cls(form, int(config["num_hidden_layers"]), int(config["num_attention_heads"]),
                    int(config["num_key_value_heads"]),
@@ -176,13 +180,18 @@ class GraphIO:
         its config implies."""
         try:
             io = cls.from_config(manifest["config"], manifest["max_seq_len"],
-                                 manifest.get("form", "explicit-state"))
+                                 manifest.get("form", DEFAULT_FORM))
         except KeyError as exc:
             raise ArtifactError(f"the manifest has no {exc.args[0]}")
         if manifest.get("io") != io.manifest_block():
             raise ArtifactError("the artifact's graph I/O is not the one this psa-edge exports "
                                 "for its config (an older psa-edge?); export it again")
         return io
+
+    @property
+    def spec(self) -> GraphForm:
+        """The registered form this I/O is of."""
+        return get_form(self.form)
 
     # -- fields -------------------------------------------------------------------------------
 
@@ -204,7 +213,7 @@ class GraphIO:
     @property
     def static_cache(self) -> bool:
         """Whether the caches exist at the max length from the start (runner and fused forms)."""
-        return self.form != "explicit-state"
+        return self.spec.static_cache
 
     @property
     def window(self) -> int:
@@ -215,28 +224,24 @@ class GraphIO:
 
     @cached_property
     def input_names(self) -> tuple[str, ...]:
-        if self.form == "runner":
-            return ("tokens", "input_pos")
-        position = ("input_pos", "logits_to_keep") if self.form == "fused" else ()
-        return ("input_ids",) + position + tuple(name for _, name in self.state_io)
+        return self.spec.input_names(self)
 
     @cached_property
     def output_names(self) -> tuple[str, ...]:
-        if self.form == "runner":
-            return ("logits",)
-        return (("logits",) + tuple(name for _, _, name in self.cache_io)
-                + tuple(name for _, name in self.raw_io))
+        return self.spec.output_names(self)
 
     @cached_property
     def state_io(self) -> tuple[tuple[str, str], ...]:
         """(state key, graph input name) per layer and state field, in input order."""
-        return tuple((f"{i}.{f}", f"past_key_values.{i}.{f}")
+        return tuple((f"{i}.{f}", self.spec.past_name.format(layer=i, field=f))
                      for i in range(self.num_layers) for f in self.state_fields)
 
     @cached_property
     def cache_io(self) -> tuple[tuple[str, str, str], ...]:
         """(state key, graph input name, graph output name) of the KV caches."""
-        return tuple((f"{i}.{f}", f"past_key_values.{i}.{f}", f"present.{i}.{f}")
+        past, present = self.spec.past_name, self.spec.present_name
+        return tuple((f"{i}.{f}", past.format(layer=i, field=f),
+                      present.format(layer=i, field=f))
                      for i in range(self.num_layers) for f in CACHE_FIELDS)
 
     @cached_property
@@ -254,10 +259,7 @@ class GraphIO:
     def raw_io(self) -> tuple[tuple[str, str], ...]:
         """(raw stream, graph output name): stacked streams; in the fused form, one per layer
         ("{layer}.{stream}")."""
-        if self.form == "fused":
-            return tuple((f"{i}.{f}", f"present.{i}.{f}") for i in range(self.num_layers)
-                         for f in self.raw_fields)
-        return tuple((f, f"present.{f}") for f in self.raw_fields)
+        return self.spec.raw_io(self)
 
     # -- shapes ---------------------------------------------------------------------------------
 
@@ -268,12 +270,7 @@ class GraphIO:
         """Shape of a state tensor after `length` positions (caches grow, slots do not). The
         fused form's caches are static and its slots and raw streams are `[1, S, heads dh]`,
         the layout of its attention inputs."""
-        if self.form == "fused":
-            if field in CACHE_FIELDS:
-                return (1, self.num_kv_heads, self.max_seq_len, self.head_dim)
-            return (1, length if field.startswith("raw") else 1,
-                    self.heads(field) * self.head_dim)
-        return (1, self.heads(field), length if field in CACHE_FIELDS else 1, self.head_dim)
+        return self.spec.shape(self, field, length)
 
     @cached_property
     def buffers(self) -> dict[str, tuple[int, ...]]:
@@ -297,9 +294,7 @@ class GraphIO:
         """Bytes of the state after `length` positions: the KV cache (which must equal the
         gamma = 0 twin's) and what PSA adds beside it, constant in length."""
         per_position = self.num_layers * len(CACHE_FIELDS) * self.num_kv_heads * self.head_dim
-        extra = sum(int(np.prod(self.shape(k.split(".")[1], 1))) for k in self.slot_keys)
-        if self.form == "runner":
-            extra = sum(int(np.prod(s)) for n, s in self.buffers.items() if n.startswith("raw"))
+        extra = self.spec.extra_elements(self)
         if self.static_cache:
             length = self.max_seq_len
         return {"kv_cache_bytes": FLOAT_BYTES * per_position * length,
@@ -324,20 +319,7 @@ class GraphIO:
     def patterns(self) -> tuple[list[tuple], list[tuple]]:
         """The shape of every input and output, None where a dim is dynamic (chunk or past
         length): what the graph a manifest describes must have."""
-        if self.form == "runner":
-            return [(1, None), (1,)], [(1, None, self.vocab_size)]
-        if self.form == "fused":
-            unnamed = lambda shape: tuple(d if isinstance(d, int) else None  # noqa: E731
-                                          for d in shape)
-            return ([unnamed(s) for _, _, s in self.typed_inputs()],
-                    [unnamed(s) for _, s in self.typed_outputs()])
-        dh = self.head_dim
-        state = [(1, self.heads(f), None if f in CACHE_FIELDS else 1, dh)
-                 for _, name in self.state_io for f in [name.rsplit(".", 1)[1]]]
-        outputs = ([(1, None, self.vocab_size)]
-                   + [(1, self.num_kv_heads, None, dh)] * len(self.cache_io)
-                   + [(self.num_layers, self.heads(f), None, dh) for f in self.raw_fields])
-        return [(1, None)] + state, outputs
+        return self.spec.patterns(self)
 
     def check_signature(self, inputs: list, outputs: list, where: str) -> None:
         """Refuse a graph whose inputs and outputs (shapes: ints, or anything for a dynamic
@@ -358,19 +340,202 @@ class GraphIO:
     # -- manifest ---------------------------------------------------------------------------
 
     def manifest_block(self) -> dict:
-        block = {"inputs": list(self.input_names), "outputs": list(self.output_names)}
-        if self.form == "runner":
-            block.update(buffers={k: list(v) for k, v in self.buffers.items()},
-                         window=self.window)
-        elif self.form == "fused":
-            block.update(state_fields=list(self.state_fields), raw_fields=list(self.raw_fields),
-                         static_cache=list(self.shape("key", 0)))
-        else:
-            block.update(state_fields=list(self.state_fields), raw_fields=list(self.raw_fields))
-        return block
+        return self.spec.manifest_block(self)
 
 
-# The artifact manifest's fields a reader relies on, and their types (docs/spec.md §8).
+# -- graph forms -------------------------------------------------------------------------------
+
+FORMS: dict[str, "GraphForm"] = {}  # name -> the form's one instance, in registration order
+
+
+def register_form(cls: type) -> type:
+    """Class decorator: make a graph form known to export, the runtime, bench and bundle by
+    its `name` (ExecuTorch's `@register_attention`, llama.cpp's `@ModelBase.register`)."""
+    if not getattr(cls, "name", None) or cls.name in FORMS:
+        raise ConfigError(f"a graph form needs a new name, got {getattr(cls, 'name', None)!r}")
+    FORMS[cls.name] = cls()
+    return cls
+
+
+def get_form(name) -> "GraphForm":
+    """The registered form of that name; `ArtifactError` names the known ones."""
+    form = FORMS.get(name) if isinstance(name, str) else None
+    if form is None:
+        raise ArtifactError(f"unknown graph form {name!r:.40}; psa-edge knows "
+                            f"{', '.join(FORMS)}")
+    return form
+
+
+def resolve(path: str):
+    """`"package.module:Name"` -> the object, imported when first asked for: a form names its
+    torch half and its session without this torch-free layer importing them."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class GraphForm:
+    """A graph form: what its graph takes and returns, who builds it and who runs it. The
+    base class is the explicit-state form's I/O; a subclass overrides what differs.
+
+    - `targets`: the `--target`s that build it; `schemes`: the `--quantize` schemes it takes;
+    - `exporter`: the torch half (`export/forms.py`), built as `resolve(exporter)(name)`;
+    - `sessions`: backend -> (session class, program class), each `"module:Name"`; the
+      runtime opens `Session(Program(artifact, threads, profile_prefix, takes_turns))`;
+    - `static_cache`: caches exist at the max length from the start;
+    - `genai_config`: onnxruntime-genai feeds its I/O (the ONNX target writes its config);
+    - `llm_runner`: ExecuTorch's LLM runner (TextLLMRunner, llama_main) loads its `.pte`;
+    - `suffix`: what `export` adds to a default output folder's name."""
+
+    name = ""
+    targets: tuple[str, ...] = ()
+    schemes: tuple[str, ...] = ()
+    exporter = ""
+    sessions: dict[str, tuple[str, str]] = {}
+    static_cache = False
+    genai_config = False
+    llm_runner = False
+    past_name = "past_key_values.{layer}.{field}"
+    present_name = "present.{layer}.{field}"
+    raw_name = "present.{stream}"
+
+    @property
+    def suffix(self) -> str:
+        return self.name
+
+    def opener(self, backend: str, where: str) -> tuple[type, type]:
+        """(session class, program class) that run this form on `backend`."""
+        if backend not in self.sessions:
+            raise ArtifactError(f"{where}: psa-edge runs no {self.name} graph on {backend!r}")
+        session, program = self.sessions[backend]
+        return resolve(session), resolve(program)
+
+    def input_names(self, io: "GraphIO") -> tuple[str, ...]:
+        return ("input_ids",) + tuple(name for _, name in io.state_io)
+
+    def output_names(self, io: "GraphIO") -> tuple[str, ...]:
+        return (("logits",) + tuple(name for _, _, name in io.cache_io)
+                + tuple(name for _, name in io.raw_io))
+
+    def raw_io(self, io: "GraphIO") -> tuple[tuple[str, str], ...]:
+        """(raw stream, graph output name): the layers stacked on dim 0."""
+        return tuple((f, self.raw_name.format(stream=f)) for f in io.raw_fields)
+
+    def shape(self, io: "GraphIO", field: str, length: int) -> tuple[int, ...]:
+        """Caches `[1, H, length, dh]` grow; slots `[1, H, 1, dh]` do not."""
+        return (1, io.heads(field), length if field in CACHE_FIELDS else 1, io.head_dim)
+
+    def extra_elements(self, io: "GraphIO") -> int:
+        """Floats of state beside the KV cache (the slots), constant in length."""
+        return sum(int(np.prod(io.shape(k.split(".")[1], 1))) for k in io.slot_keys)
+
+    def patterns(self, io: "GraphIO") -> tuple[list[tuple], list[tuple]]:
+        dh = io.head_dim
+        state = [(1, io.heads(f), None if f in CACHE_FIELDS else 1, dh)
+                 for _, name in io.state_io for f in [name.rsplit(".", 1)[1]]]
+        outputs = ([(1, None, io.vocab_size)]
+                   + [(1, io.num_kv_heads, None, dh)] * len(io.cache_io)
+                   + [(io.num_layers, io.heads(f), None, dh) for f in io.raw_fields])
+        return [(1, None)] + state, outputs
+
+    def manifest_block(self, io: "GraphIO") -> dict:
+        return {"inputs": list(io.input_names), "outputs": list(io.output_names),
+                "state_fields": list(io.state_fields), "raw_fields": list(io.raw_fields)}
+
+    def slots_from(self, io: "GraphIO", raw: State, row: int) -> State:
+        """That row of each layer's part of the stacked raw streams, `[1, H, 1, d]`."""
+        return {key: np.ascontiguousarray(raw[stream][layer:layer + 1, :, row, None])
+                for key, stream, layer in io.slot_io}
+
+
+@register_form
+class ExplicitStateForm(GraphForm):
+    name = "explicit-state"
+    targets = ("xnnpack", "portable", "onnx")
+    schemes = ("int8", "int8-dynamic", "int8-block", "int4")
+    exporter = "psa_edge.export.forms:ExplicitStateExport"
+    sessions = {"onnxruntime": ("psa_edge.runtime.session:Session",
+                                "psa_edge.backends.onnxruntime:OnnxGraph"),
+                "executorch": ("psa_edge.runtime.session:Session",
+                               "psa_edge.backends.executorch:PteGraph")}
+    genai_config = True
+
+    @property
+    def suffix(self) -> str:
+        return ""  # the default form adds nothing to a folder's name
+
+
+@register_form
+class RunnerForm(GraphForm):
+    name = "runner"
+    targets = ("xnnpack", "portable")
+    schemes = ("int8", "int8-dynamic", "int4")
+    exporter = "psa_edge.export.forms:RunnerExport"
+    sessions = {"executorch": ("psa_edge.runtime.session:RunnerSession",
+                               "psa_edge.backends.executorch:RunnerProgram")}
+    static_cache = True
+    llm_runner = True
+
+    def input_names(self, io):
+        return ("tokens", "input_pos")
+
+    def output_names(self, io):
+        return ("logits",)
+
+    def extra_elements(self, io):
+        return sum(int(np.prod(s)) for n, s in io.buffers.items() if n.startswith("raw"))
+
+    def patterns(self, io):
+        return [(1, None), (1,)], [(1, None, io.vocab_size)]
+
+    def manifest_block(self, io):
+        return {"inputs": list(io.input_names), "outputs": list(io.output_names),
+                "buffers": {k: list(v) for k, v in io.buffers.items()}, "window": io.window}
+
+
+@register_form
+class FusedForm(GraphForm):
+    name = "fused"
+    targets = ("onnx",)
+    schemes = ("int8-dynamic", "int8-block", "int4")
+    exporter = "psa_edge.export.forms:FusedExport"
+    sessions = {"onnxruntime": ("psa_edge.runtime.session:FusedSession",
+                                "psa_edge.backends.onnxruntime:FusedProgram")}
+    static_cache = True
+
+    def input_names(self, io):
+        return (("input_ids", "input_pos", "logits_to_keep")
+                + tuple(name for _, name in io.state_io))
+
+    def raw_io(self, io):
+        """One stream per layer ("{layer}.{stream}")."""
+        return tuple((f"{i}.{f}", f"present.{i}.{f}") for i in range(io.num_layers)
+                     for f in io.raw_fields)
+
+    def shape(self, io, field, length):
+        """Static caches; slots and raw streams `[1, S, heads dh]`, its attention's layout."""
+        if field in CACHE_FIELDS:
+            return (1, io.num_kv_heads, io.max_seq_len, io.head_dim)
+        return (1, length if field.startswith("raw") else 1, io.heads(field) * io.head_dim)
+
+    def patterns(self, io):
+        unnamed = lambda shape: tuple(d if isinstance(d, int) else None  # noqa: E731
+                                      for d in shape)
+        return ([unnamed(s) for _, _, s in io.typed_inputs()],
+                [unnamed(s) for _, s in io.typed_outputs()])
+
+    def manifest_block(self, io):
+        return {**super().manifest_block(io), "static_cache": list(io.shape("key", 0))}
+
+    def slots_from(self, io, raw, row):
+        """That row of the layer's own stream, `[1, 1, H d]`."""
+        return {key: np.ascontiguousarray(raw[f"{layer}.{stream}"][:, row, None])
+                for key, stream, layer in io.slot_io}
+
+
+DEFAULT_FORM = ExplicitStateForm.name
+
+
+# The artifact manifest's fields a reader relies on, and their types (docs/reference/spec.md §8).
 MANIFEST_FIELDS = {"kind": str, "target": str, "form": str, "backend": str, "config": dict,
                    "max_seq_len": int, "io": dict, "files": dict, "twin": bool,
                    "variant": str, "size_bytes": int}
@@ -398,7 +563,8 @@ def check_manifest(manifest, where: str) -> None:
             raise ArtifactError(f"{where}: field {field!r} must be a number, got {value!r:.60}")
     if manifest["kind"] != "artifact" or manifest["target"] not in BACKENDS \
             or manifest["backend"] != BACKENDS[manifest["target"]] \
-            or manifest["form"] not in FORMS:
+            or manifest["form"] not in FORMS or manifest["target"] \
+            not in FORMS[manifest["form"]].targets:
         raise ArtifactError(f"{where} describes no artifact psa-edge knows (kind "
                             f"{manifest['kind']!r:.30}, target {manifest['target']!r:.30}, "
                             f"form {manifest['form']!r:.30})")
@@ -414,8 +580,4 @@ def slots_from(raw: State, io: GraphIO, row: int = -1) -> State:
     """The slots after position `row` of a chunk (default its last, the next slots): that row
     of each layer's part of the stacked raw streams, `[1, H, 1, d]` (fused form: that row of
     the layer's own stream, `[1, 1, H d]`)."""
-    if io.form == "fused":
-        return {key: np.ascontiguousarray(raw[f"{layer}.{stream}"][:, row, None])
-                for key, stream, layer in io.slot_io}
-    return {key: np.ascontiguousarray(raw[stream][layer:layer + 1, :, row, None])
-            for key, stream, layer in io.slot_io}
+    return io.spec.slots_from(io, raw, row)

@@ -146,8 +146,8 @@ def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None
                   f"{a['tg32']['tokens_per_second']:.0f} tokens/s with the shear, "
                   f"{b['tg32']['tokens_per_second']:.0f} without; a decode step takes "
                   f"{ratio['geomean']:.3f}x the twin's time{interval}: the shear's cost "
-                  f"(1.000 = none; 3 repetitions of a noisy measurement, docs/benchmarks.md has "
-                  f"the careful one)")
+                  f"(1.000 = none; 3 repetitions of a noisy measurement, "
+                  f"docs/results/benchmarks.md has the careful one)")
     if CODE_MODEL.exists():
         code_steps(console, tmp)
 

@@ -142,7 +142,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def huge_pages_line(report: dict) -> str:
-    """Which pages the weights ran on: decode speed depends on it (docs/runtime.md)."""
+    """Which pages the weights ran on: decode speed depends on it (docs/reference/runtime.md)."""
     state = report.get("huge_pages") or {}
     if state.get("anon_huge_bytes") is None:
         return "huge pages unknown"

@@ -1,6 +1,6 @@
 """An independent numpy implementation of the PSA Llama forward, for tests only.
 
-Written from the formulas of docs/spec.md §1 with explicit loops (no code shared with
+Written from the formulas of docs/reference/spec.md §1 with explicit loops (no code shared with
 psa_edge.model): RoPE as rotation of the (i, i + d/2) pairs, the shear as a loop over positions
 with a zero initial state, causal softmax attention, RMSNorm and SwiGLU. `placement="pre"`
 applies the shear before RoPE, the bug the placement corollary forbids.

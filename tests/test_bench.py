@@ -1,4 +1,5 @@
-"""`psa-edge bench` and `psa-edge bundle` (docs/spec.md §7): every reported field, the --vs
+"""`psa-edge bench` and `psa-edge bundle` (docs/reference/spec.md §7): every reported field, the
+--vs
 contract, the runner form with ExecuTorch's own runner, FLOPs against an independent count, and
 the bundle running torch-free from its own copy of the runtime."""
 
@@ -15,8 +16,8 @@ import torch
 from conftest import MAX_LEN, REPO, assert_umask_modes, cli, copy_artifact, make_model
 from psa_edge.display import bench_plot, bench_tables
 from psa_edge.errors import ArtifactError, OutputError, SequenceError
-from psa_edge.runtime.bench import (BenchSpec, Runner, decode_in_turns, flops_per_token,
-                                    geomean_ci, prepare_bench, run_bench)
+from psa_edge.lab.bench import flops_per_token, run_bench
+from psa_edge.runtime.bench import BenchSpec, Runner, decode_in_turns, geomean_ci, prepare_bench
 from psa_edge.runtime.bundle import write_bundle
 
 SMALL = BenchSpec(prompt=8, gen=8, reps=1)
@@ -167,7 +168,7 @@ def test_decode_in_turns_alternates_and_keeps_positions():
 
 
 def test_bench_executorch_and_its_own_runner(artifacts, capsys, monkeypatch):
-    from psa_edge.runtime.bench import huge_pages
+    from psa_edge.lab.bench import huge_pages
 
     report = run_bench(artifacts["xnnpack"], SMALL, artifacts["xnnpack-twin"])
     assert [r["backend"] for r in report["results"]] == ["executorch"] * 2

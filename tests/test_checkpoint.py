@@ -1,5 +1,5 @@
-"""Checkpoint format (docs/spec.md §8): round trip, weights_only, refusal of foreign or hostile
-files."""
+"""Checkpoint format (docs/reference/spec.md §8): round trip, weights_only, refusal of foreign or
+hostile files."""
 
 import os
 

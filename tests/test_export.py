@@ -1,5 +1,5 @@
-"""Export (docs/spec.md §2-§4, §8): every target against eager, the shear in the graphs, twin
-parity, ExecuTorch's own TextLLMRunner, inspect, and bad input. Artifacts are exported once a
+"""Export (docs/reference/spec.md §2-§4, §8): every target against eager, the shear in the graphs,
+twin parity, ExecuTorch's own TextLLMRunner, inspect, and bad input. Artifacts are exported once a
 session."""
 
 import json
@@ -352,10 +352,12 @@ def test_the_cli_checks_names_against_the_pipelines_own():
     """The CLI refuses a misspelt target, form or scheme from the torch-free contract's tables;
     they must be exactly what the pipeline builds."""
     from psa_edge import contract
-    from psa_edge.export import forms, pipeline
+    from psa_edge.export import pipeline
 
     assert list(contract.BACKENDS) == list(pipeline.TARGETS)
-    assert contract.FORMS == tuple(forms.FORMS)
+    for form in contract.FORMS.values():  # every form's targets and schemes exist
+        assert set(form.targets) <= set(pipeline.TARGETS) and set(form.schemes) <= set(
+            contract.SCHEMES), form.name
     assert {scheme for t in pipeline.TARGETS.values() for scheme in t.schemes} \
         == set(contract.SCHEMES)
 

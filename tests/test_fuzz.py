@@ -1,4 +1,4 @@
-"""Reliability under bad input and faults (docs/reliability.md).
+"""Reliability under bad input and faults (docs/results/reliability.md).
 
 The fuzz test runs a seeded sample of tools/fuzz.py's campaign (damaged artifacts with their
 manifest re-hashed, damaged manifests, checkpoints, Hugging Face folders and training states,

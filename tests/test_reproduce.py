@@ -1,5 +1,5 @@
-"""The measurements behind docs/reproduction.md (tools/reproduce.py): the onset estimate, the
-frequency-response estimator against a filter whose response is known, and the premise of
+"""The measurements behind docs/results/reproduction.md (tools/reproduce.py): the onset estimate,
+the frequency-response estimator against a filter whose response is known, and the premise of
 the negative control (plain 1-layer attention solves ih-offset)."""
 
 import sys

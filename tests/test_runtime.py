@@ -1,7 +1,6 @@
-"""The incremental-decoding runtime (docs/spec.md §3, §5) on real backends (ONNX Runtime,
-ExecuTorch), float: prefix reuse, rollback (state compared, slots included), speculative
-decoding (greedy equality, the sampling rule's distribution), cache parity, `verify`, bad
-input."""
+"""The incremental-decoding runtime (docs/reference/spec.md §3, §5) on real backends (ONNX Runtime,
+ExecuTorch), float: prefix reuse, rollback (state compared, slots included), speculative decoding
+(greedy equality, the sampling rule's distribution), cache parity, `verify`, bad input."""
 
 import math
 

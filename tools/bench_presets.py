@@ -1,11 +1,10 @@
-"""docs/benchmarks.md's presets block and the README's bench block (blocks only: the prose
+"""docs/results/benchmarks.md's presets block and the overview's bench block (blocks only: the prose
 around them belongs to the page): prefill and decode speed of psa-4m and
 psa-30m, ONNX Runtime and ExecuTorch XNNPACK, fp32 and int8, PSA (key-only 0.8) against its
-gamma = 0 twin, interleaved by `psa-edge bench --vs`; `--exports`: docs/export-sizes.md;
-`--memory`: docs/benchmarks.md's memory block (peak RSS, fused against explicit-state);
+gamma = 0 twin, interleaved by `psa-edge bench --vs`; `--exports`: docs/results/export-sizes.md;
+`--memory`: docs/results/benchmarks.md's memory block (peak RSS, fused against explicit-state);
 `--fused` / `--runner`: the PSA / twin blocks of ONNX Runtime's fused form and of XNNPACK's
-runner form, the runner's beside its shear's ops timed alone (`tools/shear_chain.py`); at more
-than one thread, their own blocks (`fused-2-threads`, `runner-2-threads`).
+runner form; at more than one thread, their own blocks (`fused-2-threads`, `runner-2-threads`).
 
     .venv/bin/python tools/bench_presets.py --threads 1 -r 20 --rounds 2   # 27-81 min on 2 cores
     .venv/bin/python tools/bench_presets.py --exports --presets tiny psa-4m psa-30m
@@ -157,7 +156,7 @@ turns of about 4 ms (A B / B A), so a slow spell of this shared VM falls on both
 columns come from those interleaved runs, where each model finds the other's weights in its
 caches after every turn: they are below what an artifact reaches alone. Measured fp32 peak:
 {peak:.1f} GFLOP/s (numpy/OpenBLAS 1024^3 GEMM, {args.threads} thread(s), best of 20); FLOPs
-per decoded token are those of `runtime.bench.flops_per_token` at context {args.n // 2}.
+per decoded token are those of `lab.bench.flops_per_token` at context {args.n // 2}.
 
 ![tokens/s](benchmarks.png)
 
@@ -167,7 +166,8 @@ token's FLOPs here: what a ratio above 1 measures is per-op and per-tensor overh
 runtime (the slot inputs, the raw-key output, the shear's three small ops), which weighs most on the
 smallest preset. The runner form's slots live inside the program, so its ratios do not carry
 over to the explicit-state form. This run was made at commit {commit()}; the runner section
-below is measured on its own (`--runner`) and names the commit it ran at.""", "docs/benchmarks.md")
+below is measured on its own (`--runner`) and names the commit it ran at.""",
+"docs/results/benchmarks.md")
     print(block)
 
 
@@ -185,12 +185,12 @@ def build_ratios(preset: str, builds, form: str, args) -> list[tuple]:
 
 
 def optimized_ratios(args, form: str) -> None:
-    """docs/benchmarks.md's block of an optimized form (`fused`, `runner`; at more than one
+    """docs/results/benchmarks.md's block of an optimized form (`fused`, `runner`; at more than one
     thread `fused-2-threads` and so on): its builds' PSA / twin decode ratios and an A/A
-    control; the runner's also against its shear's ops alone."""
+    control."""
     p50 = f"tg{args.n}_latency_p50"
     block = form if args.threads == 1 else f"{form}-{args.threads}-threads"
-    page_with_block(block, "docs/benchmarks.md")  # before measuring, not after
+    page_with_block(block, "docs/results/benchmarks.md")  # before measuring, not after
     builds = OPTIMIZED[form]
     rows = [row for preset in args.presets for row in build_ratios(preset, builds, form, args)]
     twin = artifact(args.presets[0], builds[0][0], None, True, form)
@@ -198,41 +198,11 @@ def optimized_ratios(args, form: str) -> None:
     table, above = main_rows(rows, args, gemm_peak(args.threads))
     goal = ("Every pair is within the 1.02 goal." if not above else
             "Pairs not shown within 1.02: " + "; ".join(above) + ".")
-    floor = "\n\n" + shear_floor(rows, args) if form == "runner" else ""
     write_block(block, f"{machine()}, commit {commit()}, {args.threads} thread(s), -p {args.p} "
                 f"-n {args.n}, {2 * args.rounds * args.r} repetitions per pair. {goal} A/A "
                 f"control (the {args.presets[0]} fp32 {form} twin against a copy of itself): p50 "
-                f"ratio {ratio_text(control)}.\n\n" + "\n".join(table) + floor,
-                "docs/benchmarks.md")
-
-
-def shear_floor(rows, args) -> str:
-    """What the shear's ops cost alone (`shear_chain.per_layer_us`, warm and cold) against each
-    preset's fastest twin token of the table: the ratios they alone would give."""
-    from shear_chain import FLUSH_MB, per_layer_us
-
-    from psa_edge.contract import RUNNER_WINDOW
-    from psa_edge.model.config import preset_config
-
-    parts = []
-    for preset in args.presets:
-        cfg = preset_config(preset)
-        cost = per_layer_us(cfg.num_key_value_heads, cfg.head_dim, RUNNER_WINDOW,
-                            cfg.num_hidden_layers, threads=args.threads)
-        twin_ms = min(r[3]["results"][1][f"tg{args.n}"]["latency_ms_p50"]
-                      for r in rows if r[0] == preset)
-        added_us = [cost[f"{kind}_per_layer_us"] * cfg.num_hidden_layers
-                    for kind in ("warm", "cold")]
-        parts.append(f"{preset}: {cost['warm_per_layer_us']:.2f} us per layer warm, "
-                     f"{cost['cold_per_layer_us']:.2f} cold; {cfg.num_hidden_layers} layers, "
-                     f"{added_us[0]:.0f} / {added_us[1]:.0f} us per token; against its fastest "
-                     f"twin token above ({twin_ms:.3f} ms) ratios of "
-                     + " / ".join(f"{1 + us / 1000 / twin_ms:.3f}" for us in added_us))
-    return ("The shear's ops timed alone (`tools/shear_chain.py`: the runner form's window read, "
-            "shift, Sub, Mul, Add and window write, with the delegate call they add, in an "
-            "XNNPACK program at S = 1), warm (back to back) and cold (after "
-            f"{FLUSH_MB} MiB of other data was read, as a step's weights are between one "
-            "layer's shear and the next token's): " + "; ".join(parts) + ".")
+                f"ratio {ratio_text(control)}.\n\n" + "\n".join(table),
+                "docs/results/benchmarks.md")
 
 
 def peak_rss_mb(build: Path, depth: int, args) -> float:
@@ -243,8 +213,9 @@ def peak_rss_mb(build: Path, depth: int, args) -> float:
 
 
 def memory(args) -> None:
-    """docs/benchmarks.md's memory block: the fused form's peak RSS against the explicit-state
-    form's, both built at MAX_LEN, after -p/-n alone and with a context that fills MAX_LEN."""
+    """docs/results/benchmarks.md's memory block: the fused form's peak RSS against the
+    explicit-state form's, both built at MAX_LEN, after -p/-n alone and with a context that fills
+    MAX_LEN."""
     full = MAX_LEN - max(args.p, args.n)
     lines = [f"| preset | precision | fused / explicit MB, depth 0 | the same, depth {full} |",
              "|---|---|---|---|"]
@@ -261,7 +232,7 @@ def memory(args) -> None:
                 f"max length {MAX_LEN}: peak RSS (VmHWM, the smallest of {args.rounds} "
                 f"processes) of `psa-edge bench -p {args.p} -n {args.n} -r 1` with no context "
                 f"and with {full} context tokens, so that decode ends at the max length.\n\n"
-                + "\n".join(lines), "docs/benchmarks.md")
+                + "\n".join(lines), "docs/results/benchmarks.md")
 
 
 def export_sizes(args) -> None:

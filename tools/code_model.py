@@ -3,12 +3,13 @@ Python standard library of the interpreter that runs psa-edge (no download).
 
     .venv/bin/python tools/code_model.py train [--device cuda]   # models/psa-code.pt + twin
     .venv/bin/python tools/code_model.py variants [--device cuda] [--jobs 2]
-    .venv/bin/python tools/code_model.py report                   # docs/code-model.md, README
+    .venv/bin/python tools/code_model.py report                   # docs/results/code-model.md,
+    overview
 
 `train`: a BPE on the corpus's training split (out/code/), then `psa-edge train --text` of the
 key-only model and of its twin (`--variant baseline`). `variants`: 1- and 2-layer baseline,
-key-only and symmetric models, cached in docs/real-variants/. `report`: the pair exported (ONNX,
-XNNPACK; fp32, int8-dynamic, int4 in groups of 32 and of 128), quant-checked, and its decode
+key-only and symmetric models, cached in docs/results/real-variants/. `report`: the pair exported
+(ONNX, XNNPACK; fp32, int8-dynamic, int4 in groups of 32 and of 128), quant-checked, and its decode
 timed over `--rounds` rounds with each PSA build and its twin's taking turns; both tables written.
 """
 
@@ -33,7 +34,7 @@ MODELS = {"psa": REPO / "models" / "psa-code.pt", "twin": REPO / "models" / "psa
 SHIPPED = ["--preset", "psa-4m", "--tie-embeddings", "--seq-len", "256", "--batch-size", "16",
            "--lr", "2e-3", "--eval-every", "250", "--eval-samples", "128", "--weights-dtype",
            "float16"]
-VARIANT_RUNS = REPO / "docs" / "real-variants"
+VARIANT_RUNS = REPO / "docs" / "results" / "real-variants"
 VARIANTS = ["--preset", "psa-1m", "--seq-len", "256", "--batch-size", "16", "--lr", "3e-3",
             "--eval-every", "250", "--eval-samples", "128"]
 ROWS = [(v, layers) for layers in (1, 2) for v in ("baseline", "key-only", "symmetric")]
@@ -160,7 +161,7 @@ def write_report(rows, summaries, args) -> None:
                   f"PSA build and its twin's take turns. The twin decodes "
                   f"{min(lead):.2f}-{max(lead):.2f}x as fast: "
                   "at psa-4m's size the shear's few elementwise operators per layer are a "
-                  "measurable part of a token, as docs/decode-profile.md measures them.\n"
+                  "measurable part of a token, as docs/history/decode-profile.md measures them.\n"
                   if lead else "")
     finals = {k: s["summary"]["final"] for k, s in summaries.items()}
     stored = {k: psa_edge_json("eval", MODELS[k], "--samples", 128) for k in finals}

@@ -1,8 +1,8 @@
 """What the doc-making scripts share: paths, the machine they ran on, the CLI run as a user
 runs it, and the README blocks and pages they write. Every script runs with the project's
-interpreter (`.venv/bin/python tools/NAME.py`) and imports this module from its own folder.
-One script lends pieces to another: `shear_chain` its per-layer timing of the shear's ops
-(to bench_presets --runner).
+interpreter (`.venv/bin/python tools/NAME.py`) and imports this module from its own folder;
+no tool imports another, and every tool imports the package's public API only
+(docs/reference/architecture.md).
 """
 
 from __future__ import annotations
@@ -117,7 +117,10 @@ def random_checkpoint(preset: str, path: Path, vocab_task: bool = True,
     return path
 
 
-def page_with_block(name: str, page: str = "README.md") -> tuple[str, str, str]:
+OVERVIEW = "docs/results/overview.md"  # the headline blocks (the README links to it)
+
+
+def page_with_block(name: str, page: str = OVERVIEW) -> tuple[str, str, str]:
     """A page's text and the markers of its block `name`; exits with one line if it has none
     (call it before a long measurement whose result goes there)."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
@@ -127,9 +130,10 @@ def page_with_block(name: str, page: str = "README.md") -> tuple[str, str, str]:
     return text, begin, end
 
 
-def write_block(name: str, text: str, page: str = "README.md") -> None:
+def write_block(name: str, text: str, page: str = OVERVIEW) -> None:
     """Replace the block between `<!-- name:begin -->` and `<!-- name:end -->` of a page (the
-    README, or one under docs/; atomically; the markers must be there)."""
+    results overview by default, the README or another page under docs/; atomically; the
+    markers must be there)."""
     from psa_edge.io import write_text
 
     readme, begin, end = page_with_block(name, page)
@@ -141,7 +145,7 @@ def write_block(name: str, text: str, page: str = "README.md") -> None:
 def write_doc(name: str, text: str) -> None:
     from psa_edge.io import write_text
 
-    write_text(REPO / "docs" / name, text.rstrip("\n") + "\n")
+    write_text(REPO / "docs" / "results" / name, text.rstrip("\n") + "\n")
 
 
 def quant_spec(name: str):
@@ -210,28 +214,12 @@ def build_checkpoint(preset: str, target: str, quant: str | None) -> Path:
 def artifact(preset: str, target: str, quant: str | None, twin: bool, form: str) -> Path:
     """The benchmark build of a random-weight preset (out/bench/), exported once."""
     ckpt = build_checkpoint(preset, target, quant)
-    name = "-".join([preset, target, quant or "fp32"] + ([form] if form != "explicit-state"
-                                                         else []) + (["twin"] if twin else []))
+    from psa_edge.contract import get_form
+
+    suffix = get_form(form).suffix
+    name = "-".join([preset, target, quant or "fp32"] + ([suffix] if suffix else [])
+                    + (["twin"] if twin else []))
     return export_once(ckpt, BENCH / name, target, quant, bool(twin), form, MAX_LEN)
-
-
-def xnnpack_program(module, example: tuple, dynamic_shapes=None, reinplace: bool = False):
-    """(program, its `forward` method) of `module` exported, lowered to XNNPACK the way the
-    exporter lowers (`executorch_target.to_edge`) and loaded; `reinplace` keeps buffer writes in
-    place, as the runner form's programs are serialized. The program must outlive the method."""
-    import torch
-    from executorch.exir import ExecutorchBackendConfig
-    from executorch.runtime import Runtime
-
-    from psa_edge.export import quiet
-    from psa_edge.export.executorch_target import to_edge
-
-    with quiet():
-        program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
-        pte = to_edge(program, delegated=True).to_executorch(
-            ExecutorchBackendConfig(run_reinplace_pass=reinplace))
-    loaded = Runtime.get().load_program(pte.buffer)
-    return loaded, loaded.load_method("forward")
 
 
 def mean_std(values: list[float]) -> str:

@@ -1,5 +1,5 @@
-"""The README's export and verify blocks, from the shipped default model: `export` runs the
-commands a user runs into out/ for every target and form (sizes, parity, the XNNPACK
+"""docs/results/overview.md's export and verify blocks, from the shipped default model: `export`
+runs the commands a user runs into out/ for every target and form (sizes, parity, the XNNPACK
 delegation and every op left outside it with why); `verify` runs `psa-edge verify` on every
 float artifact with its twin (full output for ONNX, PASS/FAIL per check on every target).
 
@@ -9,8 +9,8 @@ float artifact with its twin (full output for ONNX, PASS/FAIL per check on every
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 from common import DEFAULT_MODEL, OUT, REPO, psa_edge, psa_edge_json, write_block
 
@@ -97,9 +97,9 @@ def verify() -> str:
 
 
 def main() -> None:
-    part = sys.argv[1] if len(sys.argv) == 2 else ""
-    if part not in ("export", "verify"):
-        raise SystemExit(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=("export", "verify"))
+    part = parser.parse_args().part
     OUT.mkdir(exist_ok=True)
     block = export() if part == "export" else verify()
     write_block(part, block)

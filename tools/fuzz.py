@@ -1,4 +1,4 @@
-"""docs/reliability.md: the fuzz campaign's table and the cost of the first-open check.
+"""docs/results/reliability.md: the fuzz campaign's table and the cost of the first-open check.
 
     .venv/bin/python tools/fuzz.py --cases 2400 --jobs 2     # about an hour on 2 cores
 
@@ -82,8 +82,9 @@ def main() -> None:
 
 Made by `.venv/bin/python tools/fuzz.py --cases {args.cases} --seed {args.seed} --jobs
 {args.jobs}` on {machine()}, at commit {commit()}, in {(time.time() - started) / 60:.0f} min.
-What is guaranteed and how: docs/spec.md §9. The cases (tests/fuzz_cases.py): an artifact's
-model file truncated, bit-flipped, zeroed or spliced with its manifest re-hashed (`onnx-bytes`,
+What is guaranteed and how: docs/reference/spec.md §9. The cases (tests/fuzz_cases.py): an
+artifact's model file truncated, bit-flipped, zeroed or spliced with its manifest re-hashed
+(`onnx-bytes`,
 `pte-bytes`); a damaged manifest; a damaged checkpoint or a file that is not one; a damaged
 Hugging Face folder for import-hf (`hf-folder`: a config field, a file's bytes, a missing file,
 a lying shard index); a damaged training state for `train --resume` (`state`: a recorded option,
@@ -97,8 +98,8 @@ the same generator beside the kill -9 tests (tests/test_fuzz.py).
 Failures (first 10):\n\n{examples}
 
 The first-open check (a child process loads new bytes and compares their self-check
-fingerprint; docs/spec.md §9): wall time of `psa-edge generate --prompt-ids 1 -n 1` on the
-shipped model, median of 3, in seconds.
+fingerprint; docs/reference/spec.md §9): wall time of `psa-edge generate --prompt-ids 1 -n 1`
+on the shipped model, median of 3, in seconds.
 
 | artifact | first open (child check) | later opens | cost of the check |
 |---|---|---|---|

@@ -1,4 +1,4 @@
-"""docs/benchmarks.md's llama.cpp block: psa-edge's PSA model against llama.cpp running its
+"""docs/results/benchmarks.md's llama.cpp block: psa-edge's PSA model against llama.cpp running its
 gamma = 0 twin, same presets, precisions and thread counts, the two taking turns.
 
     .venv/bin/python tools/llama_cpp_bench.py --presets psa-4m psa-30m psa-92m --threads 1 2
@@ -420,7 +420,7 @@ def main() -> None:
     profiles = measure_profiles(rounds, profiles, args)
     write_json(profiled, profiles)
     block = page(rounds, profiles, args)
-    write_block("llama-cpp", block, "docs/benchmarks.md")
+    write_block("llama-cpp", block, "docs/results/benchmarks.md")
     print(block)
 
 

@@ -1,4 +1,4 @@
-"""Reproduce the paper's claims on this machine: docs/reproduction.md with its plots.
+"""Reproduce the paper's claims on this machine: docs/results/reproduction.md with its plots.
 
 Its parts: the variant table beside the paper's numbers (runs of `--variants`); a gamma sweep
 of 1-layer key-only models on ih-sht at several d_k and T against the closed-form critical
@@ -6,12 +6,14 @@ coupling gamma_c(d_k, T); the negative control ih-offset (no predecessor lookup 
 shear should not help); the frequency response of the default model's score stream against
 H(omega) = 1 + gamma (1 - e^{-i omega}), shear post-RoPE (as built) and pre-RoPE; the deep model.
 
-    .venv/bin/python tools/reproduce.py --variants  # the variant table: docs/variants.md (~2 h)
-    .venv/bin/python tools/reproduce.py --throughput [cuda]  # docs/training.md (~10 min)
+    .venv/bin/python tools/reproduce.py --variants  # the variant table: docs/results/variants.md
+    (~2 h) .venv/bin/python tools/reproduce.py --throughput [cuda]  # docs/results/training.md (~10
+    min)
     .venv/bin/python tools/reproduce.py --deep cpu  # the deep-model runs (~1 h, 2 cores)
     .venv/bin/python tools/reproduce.py          # the page, from cached and new runs (hours)
 
-Runs are single-threaded, cached as JSON in docs/reproduction/runs/ (delete one to rerun it).
+Runs are single-threaded, cached as JSON in docs/results/reproduction/runs/ (delete one to rerun
+it).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class Plan:
     control_steps: int
 
 
-PLAN = Plan(REPO / "docs" / "reproduction.md", ((16, 64), (64, 64), (16, 128), (64, 128)),
+PLAN = Plan(REPO / "docs" / "results" / "reproduction.md",
+            ((16, 64), (64, 64), (16, 128), (64, 128)),
             (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.5), (0, 1), 1000,
             (0.0, 0.2, 0.4, 0.8, 1.2), (0, 1, 2), 150)
 
@@ -87,12 +90,12 @@ DEEP = {"gpu": dict(preset="psa-92m", layers=12, lr=1e-3, device="cuda", steps=3
         "cpu": dict(preset="psa-4m", layers=3, lr=1e-3, device="cpu", steps=2000,
                     batch_size=16, eval_samples=128, task_params={"seq_len": 128, "alphabet": 64})}
 DEEP_GAMMAS, DEEP_SEEDS = (0.0, 0.8), (0, 1, 2)
-THROUGHPUT = REPO / "docs" / "training"  # one JSON per (preset, device, processes)
+THROUGHPUT = REPO / "docs" / "results" / "training"  # one JSON per (preset, device, processes)
 THROUGHPUT_STEPS = {"cpu": 8, "cuda": 200}
 
 
 def throughput(devices: list[str]) -> None:
-    """docs/training.md: `psa-edge train` tokens/s of psa-4m and psa-30m, on the CPU with 1
+    """docs/results/training.md: `psa-edge train` tokens/s of psa-4m and psa-30m, on the CPU with 1
     and 2 processes (the same cores: 2 threads against 2 x 1) and on a GPU where asked."""
     import subprocess
     import sys
@@ -233,7 +236,7 @@ VARIANT_ROWS = [("baseline, 1 layer", "baseline", 1), ("baseline, 2 layers", "ba
                 ("key-only (gamma_k 0.8), 1 layer", "key-only", 1),
                 ("symmetric (gamma 0.8), 1 layer", "symmetric", 1),
                 ("query-only (gamma_q 0.8), 1 layer", "query-only", 1)]
-VARIANTS = REPO / "docs" / "variants"  # the full table's runs (--variants trains them)
+VARIANTS = REPO / "docs" / "results" / "variants"  # the full table's runs (--variants trains them)
 TABLE_SEEDS = (0, 1, 2)
 TABLE_SETTINGS = {  # task -> TrainSpec fields shared by its runs
     "ih-safari": dict(preset="tiny", steps=1000, eval_every=50, batch_size=32, lr=3e-3),
@@ -475,8 +478,8 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, help="--deep: its cache (default: the page's)")
     parser.add_argument("--steps", type=int, help="--deep: fewer steps (a dry run)")
     parser.add_argument("--throughput", nargs="*", metavar="DEVICE", help="only "
-                        "docs/training.md (tokens/s): the CPU and the DEVICEs named")
-    parser.add_argument("--variants", action="store_true", help="only docs/variants.md")
+                        "docs/results/training.md (tokens/s): the CPU and the DEVICEs named")
+    parser.add_argument("--variants", action="store_true", help="only docs/results/variants.md")
     args = parser.parse_args()
     plan = PLAN
     if args.throughput is not None:
@@ -485,8 +488,9 @@ def main() -> None:
         body = variant_section(*variant_results(args.jobs, train=True))
         write_doc("variants.md", f"# Variant table\n\nMade by `.venv/bin/python tools/"
                   f"reproduce.py --variants` on {machine()}; per-run specs and held-out curves "
-                  f"in `docs/variants/*.json`. The paper: key-only {PAPER['key-only']}, symmetric "
-                  f"{PAPER['symmetric']}, query-only at {PAPER['query-only']}.\n\n{body}")
+                  f"in `docs/results/variants/*.json`. The paper: key-only "
+                  f"{PAPER['key-only']}, symmetric {PAPER['symmetric']}, query-only at "
+                  f"{PAPER['query-only']}.\n\n{body}")
         write_block("variants", body)
         return
     if args.deep:

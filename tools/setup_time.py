@@ -6,6 +6,7 @@ in a clean clone of HEAD, as the README tells a new user.
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import tempfile
@@ -24,6 +25,7 @@ def timed(target: str, clone: Path) -> tuple[float, str]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "psa-edge"
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
@@ -37,7 +39,7 @@ def main() -> None:
              f"`.venv/bin/python tools/setup_time.py`: the install took {env / 60:.1f} min, "
              f"`make demo` {demo / 60:.1f} min and `make test` {test / 60:.1f} min "
              f"({passed.group(1) if passed else '?'} tests).")
-    write_block("timing", block)
+    write_block("timing", block, "README.md")
     print(block)
 
 

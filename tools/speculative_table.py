@@ -1,12 +1,12 @@
-"""docs/speculative.md: speculative decoding of the default model on ih-sht prompts and of the
-code model on real code (`--prompt-len` tokens before the middle of held-out standard-library
+"""docs/results/speculative.md: speculative decoding of the default model on ih-sht prompts and of
+the code model on real code (`--prompt-len` tokens before the middle of held-out standard-library
 files), drafted by the target's own int8 build (a draft model) and by prompt lookup.
 
     .venv/bin/python tools/speculative_table.py        # a few minutes
 
 Per model, backend and drafter, at draft lengths 2, 4, 8: acceptance, tokens per target call,
 decode wall time against plain greedy decoding run right after it, and whether the tokens equal
-plain greedy decoding (docs/spec.md §5: they must, bar ties).
+plain greedy decoding (docs/reference/spec.md §5: they must, bar ties).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Contract: a `Graph` has `io` (its `contract.GraphIO`), `manifest`, `identity` (the sha256 of
 what it runs, or a name for the eager reference) and `backend`. A backend implements
 `run(feeds) -> outputs` over the graph's named inputs and outputs; `step(tokens, state)` maps
-a session's state (a dict "layer.field" -> array, docs/spec.md §3) onto those names, runs one
-chunk `tokens [S]` and returns its logits `[S, V]`, the new state (the new slots are the last
+a session's state (a dict "layer.field" -> array, docs/reference/spec.md §3) onto those names, runs
+one chunk `tokens [S]` and returns its logits `[S, V]`, the new state (the new slots are the last
 rows of the raw streams) and the chunk's raw post-RoPE streams, one array per stream with the
 layers stacked on dim 0. It never changes its inputs.
 """

@@ -101,9 +101,14 @@ def as_torch(array: np.ndarray) -> torch.Tensor:
 class PteGraph(Graph):
     backend = "executorch"
 
-    def __init__(self, artifact: Artifact):
+    def __init__(self, artifact: Artifact, threads: int | None = None,
+                 profile_prefix: str | None = None, takes_turns: bool = False):
+        """The runtime's one program signature (`GraphForm.sessions`); ExecuTorch has no
+        profiler prefix, and its threadpool is one per process already (`takes_turns`)."""
         super().__init__(GraphIO.from_manifest(artifact.manifest), artifact.manifest,
                          artifact.identity)
+        if threads:  # ExecuTorch's threadpool is process-wide
+            set_threads(threads)
         self.program, methods = load_methods(artifact, optional=("decode",))
         self.method = methods["forward"]
         self.decode = methods.get("decode", self.method)
@@ -118,11 +123,14 @@ class PteGraph(Graph):
 class RunnerProgram:
     """A runner-form program (`forward(tokens, input_pos) -> logits`, the form ExecuTorch's LLM
     runner drives). Position 0 starts a new sequence; any other position continues from the
-    program's own cache rows before it (docs/spec.md §4)."""
+    program's own cache rows before it (docs/reference/spec.md §4)."""
 
     backend = "executorch"
 
-    def __init__(self, artifact: Artifact):
+    def __init__(self, artifact: Artifact, threads: int | None = None,
+                 profile_prefix: str | None = None, takes_turns: bool = False):
+        if threads:  # as PteGraph's
+            set_threads(threads)
         self.io = GraphIO.from_manifest(artifact.manifest)
         self.manifest, self.identity = artifact.manifest, artifact.identity
         self.program, methods = load_methods(artifact)

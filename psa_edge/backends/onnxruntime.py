@@ -8,7 +8,8 @@ that ONNX Runtime cannot load, or whose I/O is not the one its manifest's config
 `ArtifactError` naming its reason.
 - `OnnxGraph(artifact, threads)`: a `base.Graph` over an explicit-state graph.
 - Either records ONNX Runtime's profile to `profile_prefix*.json` when given one.
-- `FusedProgram(artifact, threads)`: a fused-form graph (docs/spec.md §4) bound once to its
+- `FusedProgram(artifact, threads)`: a fused-form graph (docs/reference/spec.md §4) bound once to
+its
   static caches, numpy arrays it owns (`caches`), each bound as both the past input and the
   present output, so GroupQueryAttention writes a chunk's rows in place and no call copies a
   cache. `run(tokens, position, last_only)` returns the chunk's logits `[S, V]` (with
@@ -40,7 +41,8 @@ def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
     if takes_turns:
         # Each session has its own pool, whose idle workers spin on after a call for the next
         # one; two sessions taking turns then each spin on the core the other needs (psa-30m's
-        # fused form at 2 threads decoded at under half its speed alone: docs/runtime.md). ONNX
+        # fused form at 2 threads decoded at under half its speed alone:
+        # docs/reference/runtime.md). ONNX
         # Runtime's global pool would be shared, but then every session of the process must
         # use it, at one thread count.
         options.add_session_config_entry("session.force_spinning_stop", "1")

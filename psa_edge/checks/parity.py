@@ -6,7 +6,7 @@ first-open child process of `runtime.guard`), feeds the probe all at once and to
 reports the max abs logit error and the argmax agreement of each against the reference's
 full-sequence forward, and the logit scale.
 - fp32 artifacts: a PROBE_LEN random probe; pass within `reference.FP32_RTOL` of the logit
-  scale (docs/spec.md §3).
+  scale (docs/reference/spec.md §3).
 - int8 artifacts: an INT8_PROBE_LEN held-out sequence of the checkpoint's task (random tokens
   give a trained model nothing to be sure of); pass within `reference.INT8_RTOL` (int4:
   `INT4_RTOL`) of the scale, with argmax agreement >= INT8_MIN_AGREEMENT (int4:

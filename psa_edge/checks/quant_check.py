@@ -1,4 +1,4 @@
-"""`psa-edge quant-check`: does a quantized artifact still do the job? (docs/spec.md §6)
+"""`psa-edge quant-check`: does a quantized artifact still do the job? (docs/reference/spec.md §6)
 
 Modelled on llama.cpp's KL-divergence check. Contract: `prepare(checkpoint, artifact, ...)`
 - refuses an artifact whose manifest does not match it, or that was not exported from this
@@ -48,7 +48,7 @@ class Thresholds:
 
 # 4-bit weights move near-tied argmaxes far more often than int8 (llama.cpp's Q4_0 keeps about
 # 90% of the top tokens on Llama models): an int4 build is judged by the task and the perplexity
-# a user feels, with a looser top-1 floor (measured: docs/quantization.md).
+# a user feels, with a looser top-1 floor (measured: docs/results/quantization.md).
 SCHEME_THRESHOLDS = {"int4": Thresholds(max_acc_drop=1.0, min_top1=0.90, max_ppl_increase=0.10)}
 
 

@@ -2,7 +2,7 @@
 
 Contract:
 - Tolerances are relative to the logit scale `max(1, max |logit|)` of the reference on the
-  probe: fp32 artifacts FP32_RTOL (docs/spec.md §3); int8 artifacts INT8_RTOL (int4:
+  probe: fp32 artifacts FP32_RTOL (docs/reference/spec.md §3); int8 artifacts INT8_RTOL (int4:
   INT4_RTOL) against the reference, plus argmax agreement >= INT8_MIN_AGREEMENT (int4:
   INT4_MIN_AGREEMENT) on the positions the reference has decided (top-2 gap above
   INT8_DECIDED_MARGIN of the scale).

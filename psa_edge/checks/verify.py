@@ -1,6 +1,6 @@
-"""`psa-edge verify`: the runtime's invariants (docs/spec.md §3, §5) on an artifact of either
-form, against the float reference (PyTorch eager, full-sequence forward of the same checkpoint,
-fp32).
+"""`psa-edge verify`: the runtime's invariants (docs/reference/spec.md §3, §5) on an artifact of
+either form, against the float reference (PyTorch eager, full-sequence forward of the same
+checkpoint, fp32).
 
 Contract: `verify(artifact, reference=None, twin=None)` returns a report of checks, each with
 its measured error, tolerance and PASS/FAIL, and a cache-size table:

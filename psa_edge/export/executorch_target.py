@@ -104,7 +104,7 @@ def to_edge(program, delegated: bool, constant_methods: dict | None = None):
     # aten.matmul's decomposition puts on attention's operands. Left in, each is a portable
     # copy of a layer's whole key or value cache on every step (outside the delegate in
     # XNNPACK programs): a sixth of psa-4m's fp32 XNNPACK decode step at 64 tokens of context,
-    # a quarter of its int8 one (docs/decode-profile.md), and more as the context grows.
+    # a quarter of its int8 one (docs/history/decode-profile.md), and more as the context grows.
     with quiet():
         return to_edge_transform_and_lower(
             program, partitioner=partitioners, constant_methods=constant_methods,
@@ -125,7 +125,6 @@ def delegation_report(info) -> dict:
 
 class ExecuTorchTarget:
     backend = "executorch"
-    forms = ("explicit-state", "runner")
     activation_dtype = "int8"
     tool = ("torchao pt2e (prepare_pt2e / convert_pt2e) + executorch XNNPACKQuantizer; int4: "
             "torchao quantize_ (Int8DynamicActivationIntxWeightConfig, 8da4w)")

@@ -1,5 +1,7 @@
-"""The exportable forms of a PSA transformer: torch modules over `PSATransformer.decode`, and
-the `Form` objects the export pipeline asks for them (docs/spec.md §2, §4).
+"""The torch half of each graph form: modules over `PSATransformer.decode`, and the export
+objects the pipeline asks for them (docs/reference/spec.md §2, §4). A form (`contract.GraphForm`,
+in the registry) names its export class here; the pipeline builds it as `Class(form_name)`, so a
+registered form may reuse a class below under its own name and tensor names.
 
 Both modules run the model's one layer loop, so every exporter lowers the same arithmetic (the
 shear is `ops.shear`: Sub, Mul, Add after the RoPE ops); they differ only in where each layer's
@@ -15,11 +17,11 @@ state lives (`LayerCache`). Names and shapes come from `contract.GraphIO`.
   input_pos - 1 (zero at input_pos 0, the causal zero state), so calling it at an earlier
   position rolls it back (speculative decoding, prefix reuse) as long as that row is in reach.
 
-- `FusedForm`: ONNX Runtime's fused contrib operators over static in-place caches, written
+- `FusedExport`: ONNX Runtime's fused contrib operators over static in-place caches, written
   directly as an ONNX graph (`psa_edge/export/onnx_fused.py`).
 
-A `Form` provides the pipeline's form-specific pieces: the module, each method's example inputs
-and dynamic shapes, the quantization schemes it takes, the calibration inputs of static int8,
+An export object provides the pipeline's form-specific pieces: the module, each method's example
+inputs and dynamic shapes, the quantization schemes it takes, the calibration inputs of static int8,
 the constant methods, and (`build_onnx`) a graph written without tracing.
 """
 
@@ -56,10 +58,10 @@ def graph_io(cfg: ModelConfig, max_len: int, form: str) -> GraphIO:
 
 
 class ExplicitStateModule(nn.Module):
-    def __init__(self, model: PSATransformer):
+    def __init__(self, model: PSATransformer, form: str):
         super().__init__()
         self.model = model
-        self.io = graph_io(model.cfg, model.cfg.max_position_embeddings, "explicit-state")
+        self.io = graph_io(model.cfg, model.cfg.max_position_embeddings, form)
 
     def forward(self, input_ids: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
         n = len(self.io.state_fields)
@@ -148,13 +150,13 @@ def write_rows(buffer: Tensor, rows: Tensor, new: Tensor) -> None:
 
 
 class RunnerModule(nn.Module):
-    def __init__(self, model: PSATransformer, max_seq_len: int):
+    def __init__(self, model: PSATransformer, max_seq_len: int, form: str):
         super().__init__()
         # ExecuTorch's llama ops, which its caches are written and read by, registered with
         # torch with the shape functions torch.export traces them by.
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
         self.model = model
-        self.io = graph_io(model.cfg, max_seq_len, "runner")
+        self.io = graph_io(model.cfg, max_seq_len, form)
         for name, shape in self.io.buffers.items():
             self.register_buffer(name, torch.zeros(shape), persistent=False)
 
@@ -172,13 +174,20 @@ def seq_dim(max_len: int):
     return Dim("seq_len", min=1, max=max_len)
 
 
-class ExplicitStateForm:
-    name = "explicit-state"
-    schemes = ("int8", "int8-dynamic", "int8-block", "int4")
-    build_onnx = None  # traced by torch.onnx
+class FormExport:
+    """The pieces every form's export provides, for the registered form `name`."""
+    build_onnx = None  # traced by torch.onnx, unless a form writes its own graph
 
+    def __init__(self, name: str):
+        self.name = name
+
+    def constant_methods(self, cfg: ModelConfig, max_len: int) -> dict | None:
+        return None
+
+
+class ExplicitStateExport(FormExport):
     def module(self, model: PSATransformer, max_len: int) -> nn.Module:
-        return ExplicitStateModule(model).eval()
+        return ExplicitStateModule(model, self.name).eval()
 
     def methods(self, cfg: ModelConfig, max_len: int) -> dict[str, Example]:
         """`forward` (chunk length S in [1, max]) and `decode` (S = 1); past length P in
@@ -202,16 +211,10 @@ class ExplicitStateForm:
         empty = tuple(torch.zeros(io.shape(key.split(".")[1], 0)) for key, _ in io.state_io)
         return [(torch.from_numpy(row)[None], *empty) for row in rows]
 
-    def constant_methods(self, cfg: ModelConfig, max_len: int) -> dict | None:
-        return None
 
-
-class RunnerForm:
-    name = "runner"
-    schemes = ("int8", "int8-dynamic", "int4")
-
+class RunnerExport(FormExport):
     def module(self, model: PSATransformer, max_len: int) -> nn.Module:
-        return RunnerModule(model, max_len).eval()
+        return RunnerModule(model, max_len, self.name).eval()
 
     def methods(self, cfg: ModelConfig, max_len: int) -> dict[str, Example]:
         inputs = (torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]))
@@ -225,12 +228,10 @@ class RunnerForm:
         return runner_methods(cfg.to_dict(), max_len)
 
 
-class FusedForm:
+class FusedExport(FormExport):
     """ONNX Runtime's fused operators over static caches (`onnx_fused`): built from the
     model's weights, not traced, so its module is the model itself. Its weights are quantized
     without calibration (static int8 needs a traced graph's calibration inputs)."""
-    name = "fused"
-    schemes = ("int8-dynamic", "int8-block", "int4")
 
     def module(self, model: PSATransformer, max_len: int) -> nn.Module:
         return model.eval()
@@ -241,13 +242,7 @@ class FusedForm:
     def build_onnx(self, module: PSATransformer, max_len: int):
         from psa_edge.export.onnx_fused import build
 
-        return build(module, max_len)
+        return build(module, max_len, self.name)
 
     def calibration_inputs(self, cfg: ModelConfig, max_len: int, rows) -> list[tuple]:
         return []
-
-    def constant_methods(self, cfg: ModelConfig, max_len: int) -> dict | None:
-        return None
-
-
-FORMS = {form.name: form for form in (ExplicitStateForm(), RunnerForm(), FusedForm())}

@@ -1,8 +1,8 @@
-"""The fused ONNX form: the decoder written directly as an ONNX Runtime graph of fused contrib
-ops with static, in-place KV caches (docs/spec.md §4). Built from the model's weights with
+"""The fused ONNX form: the decoder written directly as an ONNX Runtime graph of fused contrib ops
+with static, in-place KV caches (docs/reference/spec.md §4). Built from the model's weights with
 `onnx.helper`, not traced: torch.onnx has no spelling for ONNX Runtime's fused operators.
 
-Contract (`build(model, max_len) -> ModelProto`, names and shapes from `contract.GraphIO`):
+Contract (`build(model, max_len, form) -> ModelProto`, names and shapes from `contract.GraphIO`):
 - inputs `input_ids [1, S]` int64, `input_pos [1]` int64 (the position P of the first token),
   `logits_to_keep [1]` int64 (R: the logits of the last R rows only; 0 for all S),
   per layer i `past_key_values.{i}.key / .value` `[1, Hkv, max_len, dh]` (static) and the slots
@@ -131,7 +131,7 @@ def positions(g: GraphWriter) -> None:
 def logit_rows(g: GraphWriter) -> tuple[str, str]:
     """Slice bounds of the rows whose logits are computed: the last `logits_to_keep` (0: from
     row 0, so all; past S, Slice clamps to all). A prefill needs only its last row; the output
-    projection of the others is 35% of psa-4m's weight arithmetic (docs/benchmarks.md)."""
+    projection of the others is 35% of psa-4m's weight arithmetic (docs/results/benchmarks.md)."""
     (start,) = g.op("Neg", ["logits_to_keep"])
     return start, g.const("end_1d", np.array([np.iinfo(np.int64).max], np.int64))
 
@@ -147,9 +147,9 @@ def norm(g: GraphWriter, x: str, residual: str | None, weight: np.ndarray, name:
     return out, total
 
 
-def build(model, max_len: int) -> onnx.ModelProto:
+def build(model, max_len: int, form: str) -> onnx.ModelProto:
     cfg = model.cfg
-    io = GraphIO.from_config(cfg.to_dict(), max_len, "fused")
+    io = GraphIO.from_config(cfg.to_dict(), max_len, form)
     w = weights_of(model)
     g = GraphWriter()
     g.const("zero_1d", np.array([0], np.int64))

@@ -23,7 +23,6 @@ from psa_edge.export.forms import Traced, graph_io
 class OnnxTarget:
     name = "onnx"
     backend = "onnxruntime"
-    forms = ("explicit-state", "fused")
     schemes = ("int8", "int8-dynamic", "int8-block", "int4")
     activation_dtype = "uint8"  # ONNX Runtime's CPU kernels want U8S8 (quantize.quantize_onnx)
     tool = "onnxruntime.quantization (quant_pre_process, QDQ static / dynamic, MatMulNBits)"
@@ -57,14 +56,15 @@ class OnnxTarget:
 
     def side_files(self, cfg, max_len: int, form: str) -> dict[str, dict]:
         """What ONNX clients read beside the graph: config.json and generation_config.json
-        (optimum's ORTModelForCausalLM) and, for the explicit-state form only,
-        genai_config.json (onnxruntime-genai, which feeds that form's past/present I/O but not
-        the fused form's input_pos and logits_to_keep)."""
+        (optimum's ORTModelForCausalLM) and, for a form whose I/O onnxruntime-genai feeds
+        (`GraphForm.genai_config`: the explicit-state form's past/present I/O, not the fused
+        form's input_pos and logits_to_keep), genai_config.json."""
+        from psa_edge.contract import get_form
         from psa_edge.hf.convert import genai_config, generation_config, llama_config
 
         files = {"config.json": llama_config(cfg), "generation_config.json":
                  generation_config(cfg)}
-        if form == "explicit-state":
+        if get_form(form).genai_config:
             files["genai_config.json"] = genai_config(cfg, max_len)
         return files
 

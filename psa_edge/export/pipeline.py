@@ -2,12 +2,13 @@
 
 Contract: `run_export(request)` checks the request (target, form, max length, quantization,
 output) before any heavy work, then runs the stages in order. The target (`TARGETS`) and the
-form (`forms.FORMS`) are objects that provide what differs between them, so no stage branches
-on their names. `quantize` is a pass-through for float exports. `save` builds the artifact
+form (the registered `contract.GraphForm`, and the torch half it names in `export/forms.py`)
+are objects that provide what differs between them, so no stage branches on their names. `quantize`
+is a pass-through for float exports. `save` builds the artifact
 folder under a temporary name (model file, tokenizer, manifest), opens it as a device would and
 checks parity against the eager fp32 reference (`checks.parity`), records the artifact's own
 fingerprint for the first open elsewhere (`runtime.guard`), and only then renames the folder
-into place (docs/spec.md §8); a failed check leaves nothing behind. The folder also holds
+into place (docs/reference/spec.md §8); a failed check leaves nothing behind. The folder also holds
 the reference's logits on `verify`'s probes (`reference.npz`), so `psa-edge verify` runs on a
 device without torch or the checkpoint. `run_export(request, started)` calls `started(stage)`
 as each of `STAGES` begins (the CLI's progress bar).
@@ -24,11 +25,11 @@ from typing import Callable
 from psa_edge.checks.parity import PROBE_LEN, failure_message, probe_parity
 from psa_edge.checks.reference import Reference
 from psa_edge.checks.verify import REFERENCE, record_reference
-from psa_edge.contract import MANIFEST, MODEL_FILES
+from psa_edge.contract import DEFAULT_FORM, MANIFEST, MODEL_FILES, FORMS, get_form, resolve
 from psa_edge.errors import ExportError
 from psa_edge.export import quantize as q
 from psa_edge.export.executorch_target import PORTABLE, XNNPACK
-from psa_edge.export.forms import FORMS, Traced, graph_io
+from psa_edge.export.forms import Traced, graph_io
 from psa_edge.export.onnx_target import ONNX
 from psa_edge.io import (atomic_directory, check_output, manifest_path, refuse_overlap,
                          sha256_file, versions, write_json)
@@ -47,13 +48,13 @@ class ExportRequest:
     output: Path | None = None
     max_seq_len: int | None = None
     twin: bool = False
-    form: str = "explicit-state"
+    form: str = DEFAULT_FORM
     quant: q.QuantSpec | None = None
 
     def default_output(self) -> Path:
         parts = [Path(self.checkpoint).stem, self.target]
-        if self.form != "explicit-state":
-            parts.append(self.form)
+        if get_form(self.form).suffix:
+            parts.append(get_form(self.form).suffix)
         if self.quant:
             parts.append(self.quant.scheme)
             if self.quant.group_size != q.WEIGHT_BLOCK:
@@ -64,8 +65,8 @@ class ExportRequest:
 
     @property
     def stages(self):
-        """The target and form objects."""
-        return TARGETS[self.target], FORMS[self.form]
+        """The target and the form's export object."""
+        return TARGETS[self.target], resolve(get_form(self.form).exporter)(self.form)
 
 
 def check_request(req: ExportRequest) -> ExportRequest:
@@ -75,19 +76,18 @@ def check_request(req: ExportRequest) -> ExportRequest:
         raise ExportError(f"unknown form {req.form!r}; choose one of {', '.join(FORMS)}")
     if not isinstance(req.twin, bool):  # the manifest records it, and readers check its type
         raise ExportError(f"twin must be true or false, got {req.twin!r}")
-    target, _ = req.stages
-    if req.form not in target.forms:
-        where = "onnx" if req.form == "fused" else "xnnpack or portable"
+    form = FORMS[req.form]
+    if req.target not in form.targets:
         raise ExportError(f"the {req.form} form is not built for --target {req.target}; use "
-                          f"--target {where}")
+                          f"--target {' or '.join(form.targets)}")
     if req.max_seq_len is not None and req.max_seq_len < PROBE_LEN:
         raise ExportError(f"--max-seq-len {req.max_seq_len} is below the parity probe length "
                           f"{PROBE_LEN}")
     if req.quant is not None:
-        q.check_spec(req.quant, target.schemes)
-        if req.quant.scheme not in FORMS[req.form].schemes:
+        q.check_spec(req.quant, TARGETS[req.target].schemes)
+        if req.quant.scheme not in form.schemes:
             raise ExportError(f"the {req.form} form takes --quantize "
-                              f"{', '.join(FORMS[req.form].schemes)}, not {req.quant.scheme}")
+                              f"{', '.join(form.schemes)}, not {req.quant.scheme}")
     output = Path(req.output) if req.output else req.default_output()
     check_output(output, directory=True)
     refuse_overlap([output], [req.checkpoint, manifest_path(req.checkpoint)])
@@ -101,7 +101,8 @@ def load(req: ExportRequest) -> tuple[PSATransformer, dict]:
 
 
 def transform(model: PSATransformer, req: ExportRequest) -> PSATransformer:
-    """fp32, eval mode; with `twin`, the same weights with gamma set to 0 (docs/spec.md §1)."""
+    """fp32, eval mode; with `twin`, the same weights with gamma set to 0
+    (docs/reference/spec.md §1)."""
     if req.twin:
         model = twin_of(model)
     return model.float().eval()
@@ -120,7 +121,7 @@ def export(model: PSATransformer, req: ExportRequest) -> Exported:
 
 def quantize(exported: Exported, model: PSATransformer, source: dict, req: ExportRequest
              ) -> tuple[Exported, dict | None]:
-    """int8 (docs/spec.md §6) or, for a float export, a pass-through; and the manifest's
+    """int8 (docs/reference/spec.md §6) or, for a float export, a pass-through; and the manifest's
     record of it."""
     spec = req.quant
     if spec is None:

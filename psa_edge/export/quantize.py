@@ -1,4 +1,5 @@
-"""int8 and int4 quantization: the `quantize` stage of the export pipeline (docs/spec.md §6).
+"""int8 and int4 quantization: the `quantize` stage of the export pipeline (docs/reference/spec.md
+§6).
 
 Contract:
 - `QuantSpec` names a scheme: `int8` (static activations, calibrated) or `int8-dynamic`
@@ -15,7 +16,7 @@ Contract:
   RoPE, the attention matmuls, softmax and the mask, and the state tensors at the graph's
   boundary, so an int8 artifact has exactly the float artifact's I/O and cache shapes.
   The default keeps the shear fp32: quantizing it cost top-1 agreement on the default model
-  (docs/quantization.md, tools/quant_table.py).
+  (docs/results/quantization.md, tools/quant_table.py).
 - Calibration (static) feeds `calibration_samples` sequences of the checkpoint's own task, train
   split, drawn deterministically from `seed`, through the graph from the empty state.
 - ExecuTorch int8: torchao's `prepare_pt2e`/`convert_pt2e` with ExecuTorch's `XNNPACKQuantizer`,
@@ -47,8 +48,8 @@ from psa_edge.export import quiet
 from psa_edge.io import native_output_captured
 
 # The default block: llama.cpp's Q4_0 / Q8_0 one, so the block-wise builds compare like for like
-# with its GGUFs (docs/benchmarks.md). `--group-size` takes a larger power of two: fewer scales,
-# a faster XNNPACK int4 prefill, a coarser grid (docs/quantization.md).
+# with its GGUFs (docs/results/benchmarks.md). `--group-size` takes a larger power of two: fewer
+# scales, a faster XNNPACK int4 prefill, a coarser grid (docs/results/quantization.md).
 WEIGHT_BLOCK = 32
 BLOCK_BITS = {"int8-block": 8, "int4": 4}  # weight bits of the block-wise (MatMulNBits) schemes
 CALIBRATION_SEED_BASE = 0x0CA1  # calibration draws never reuse the trainer's batch seeds

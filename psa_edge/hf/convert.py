@@ -1,5 +1,5 @@
 """Hugging Face layouts in and out: `import-hf`, `export-hf`, and the config files ONNX clients
-read (docs/spec.md §8).
+read (docs/reference/spec.md §8).
 
 Contract:
 - `import_hf(folder, output, variant, gamma)`: a transformers `LlamaForCausalLM` folder

@@ -1,4 +1,4 @@
-"""The `model.pt` checkpoint format (docs/spec.md §8).
+"""The `model.pt` checkpoint format (docs/reference/spec.md §8).
 
 A checkpoint is a dict of plain data: `format` (FORMAT_TAG), `version`, `config` (ModelConfig
 dict), `state_dict` (str -> tensor, LlamaForCausalLM names; float32, or float16 / bfloat16

@@ -1,7 +1,7 @@
 """Model configuration: `LlamaConfig` fields plus the PSA shear, and the named presets.
 
-Contract (docs/spec.md §1): every field except `gamma_q`, `gamma_k` and `variant` has the name
-and meaning of the Hugging Face `LlamaConfig` field of the same name, so `to_llama_dict()` is a
+Contract (docs/reference/spec.md §1): every field except `gamma_q`, `gamma_k` and `variant` has the
+name and meaning of the Hugging Face `LlamaConfig` field of the same name, so `to_llama_dict()` is a
 valid `LlamaConfig(**d)` argument set. The variant names a shear layout and constrains the gammas:
 
     baseline    gamma_q == 0 and gamma_k == 0     (plain Llama attention)
@@ -26,7 +26,7 @@ DEFAULT_VARIANT = "key-only"
 DEFAULT_GAMMA = 0.8
 # Storage precisions of a checkpoint's weights: float16 halves a shipped file
 # (models/psa-code.pt) at a relative rounding of at most 2^-11 per weight; its effect on
-# perplexity: docs/code-model.md.
+# perplexity: docs/results/code-model.md.
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -89,7 +89,7 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def twin(self) -> "ModelConfig":
-        """The gamma = 0 twin: same architecture, plain attention (docs/spec.md §1)."""
+        """The gamma = 0 twin: same architecture, plain attention (docs/reference/spec.md §1)."""
         return self.replace(gamma_q=0.0, gamma_k=0.0, variant="baseline")
 
 

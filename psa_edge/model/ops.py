@@ -1,6 +1,6 @@
 """Small pure tensor functions of the PSA transformer: RMSNorm, RoPE and the shear.
 
-Contract (docs/spec.md §1-§2):
+Contract (docs/reference/spec.md §1-§2):
 - `rope_cos_sin(positions, rope_inv_freq(head_dim, theta))` gives the Hugging Face Llama tables
   for integer positions; `apply_rope` uses the rotate-half convention.
 - `shear(x, prev, gamma)` is the upper shear along the sequence axis (dim -2):

@@ -1,6 +1,6 @@
 """The PSA transformer: a Llama decoder with the PSA shear after RoPE.
 
-Contract (docs/spec.md §1, §3):
+Contract (docs/reference/spec.md §1, §3):
 - Parameter names are those of Hugging Face `LlamaForCausalLM` (`model.embed_tokens.weight`,
   `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`); no
   parameter depends on gamma, so a gamma = 0 model is a plain Llama model.
@@ -69,7 +69,7 @@ class Attention(nn.Module):
 
     def shear_streams(self, query: Tensor, key: Tensor, prev_query: Tensor | None,
                       prev_key: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The sheared query and key (docs/spec.md §1); a stream with gamma = 0 passes
+        """The sheared query and key (docs/reference/spec.md §1); a stream with gamma = 0 passes
         unchanged."""
         cfg = self.cfg
         if cfg.gamma_k != 0:
@@ -240,7 +240,8 @@ class PSATransformer(nn.Module):
 
 
 def twin_of(model: PSATransformer) -> PSATransformer:
-    """The gamma = 0 twin (docs/spec.md §1): the same config and weights with plain attention."""
+    """The gamma = 0 twin (docs/reference/spec.md §1): the same config and weights with plain
+    attention."""
     twin = PSATransformer(model.cfg.twin())
     twin.load_state_dict(model.state_dict())
     twin.tokenizer = getattr(model, "tokenizer", None)

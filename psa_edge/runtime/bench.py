@@ -1,5 +1,5 @@
 """`psa-edge bench`: prefill and decode speed of an artifact, modelled on llama.cpp's
-llama-bench (docs/spec.md §7). numpy + onnxruntime; ExecuTorch only for a .pte.
+llama-bench (docs/reference/spec.md §7). numpy + onnxruntime; ExecuTorch only for a .pte.
 
 Contract: `run_bench(artifact, spec, vs=None)`:
 - tests: `pp{p}` (prefill of p tokens in one call) and `tg{n}` (n decode calls of one token),
@@ -23,19 +23,17 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   alone (measure those without `vs`);
   `vs` must have the same config but for gamma, the same target and the same quantization;
 - runner-form `.pte` (`forward(tokens, input_pos)`): psa-edge's loop drives the method;
-  ExecuTorch's own TextLLMRunner also runs the same file (prompt of p tokens, n new) and its
-  prefill / decode rates from its Stats are reported beside, in each result's
-  `executorch_runner`; each repetition opens it afresh and warms it up; with `vs` it runs
-  both files, taking turns run by run, and adds its prefill time and decode time per token
-  ratios to the PSA/twin ratios;
 - also reported: artifact size, backend, precision, threads, RSS added by loading the artifact
-  (and warm-up) and the process's peak RSS, the machine, and FLOPs per decoded token;
-- and the pages the weights ran on, which moved decode speed by up to 1.18x (docs/runtime.md):
+  (and warm-up) and the process's peak RSS, and the machine;
+- and the pages the weights ran on, which moved decode speed by up to 1.18x
+(docs/reference/runtime.md):
   per artifact the bytes its load put on transparent huge pages (`load_huge_bytes`), and per
   report `huge_pages` (`backends.huge_pages.state()` after psa-edge's own runs: whether loads
   are collapsed, the kernel's THP setting, the process's bytes on huge pages then).
-  ExecuTorch's TextLLMRunner loads its program itself; after its warm-up, what that load made
-  resident is collapsed as psa-edge's own loads are, so the two loops run on the same pages.
+
+This is what a device runs (the bundle ships it). The measurement lab around it (FLOPs per
+token, ExecuTorch's own TextLLMRunner beside psa-edge's loop, the ONNX Runtime profile) is
+`psa_edge/lab/`, which the CLI adds where it is installed and the device bundle does not ship.
 """
 
 from __future__ import annotations
@@ -54,8 +52,8 @@ import numpy as np
 
 from psa_edge.backends import huge_pages
 from psa_edge.errors import ArtifactError, SequenceError
-from psa_edge.contract import TOKENIZER, same_architecture
-from psa_edge.io import artifact_folder, native_output_captured, read_artifact
+from psa_edge.contract import same_architecture
+from psa_edge.io import read_artifact
 from psa_edge.runtime.session import open_session
 
 
@@ -109,20 +107,6 @@ def peak_rss_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if platform.system() == "Darwin" else peak * 1024
-
-
-def flops_per_token(cfg: dict, context: int) -> dict:
-    """Multiply-adds x 2 of one decoded token at a given context length: the linears, the
-    attention scores and weighted sum over `context` positions, and the shear (3 d per sheared
-    stream, d the stream's width). RMSNorm, RoPE and softmax are left out (O(d), tiny)."""
-    h, hkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
-    dh, inter, vocab = d // h, cfg["intermediate_size"], cfg["vocab_size"]
-    linear = d * (h * dh + 2 * hkv * dh) + h * dh * d + 3 * d * inter
-    attention = 2 * h * dh * context
-    shear = 3 * ((hkv * dh if cfg["gamma_k"] else 0) + (h * dh if cfg["gamma_q"] else 0))
-    layers = cfg["num_hidden_layers"]
-    total = layers * (2 * linear + 2 * attention + shear) + 2 * d * vocab
-    return {"total": total, "shear": layers * shear, "context": context}
 
 
 class Runner:
@@ -327,8 +311,7 @@ def execute(bench: Bench, progress=None) -> dict:
                                  "ttft_ms_mean": 1e3 * statistics.mean(pp[i])},
             f"tg{spec.gen}": {**summarize([sum(t) for t in tg[i]], spec.gen),
                               "latency_ms_p50": 1e3 * float(np.percentile(steps, 50)),
-                              "latency_ms_p90": 1e3 * float(np.percentile(steps, 90))},
-            "flops_per_token": flops_per_token(m["config"], spec.depth + spec.gen // 2)})
+                              "latency_ms_p90": 1e3 * float(np.percentile(steps, 90))}})
     report = {"spec": dataclasses.asdict(spec), "threads": bench.threads, "machine": machine(),
               "depth": spec.depth, "results": results, "peak_rss_bytes": peak_rss_bytes(),
               "huge_pages": huge_pages.state()}
@@ -339,84 +322,7 @@ def execute(bench: Bench, progress=None) -> dict:
             f"tg{spec.gen}_time": ratio([sum(t) for t in tg[0]], [sum(t) for t in tg[1]]),
             f"tg{spec.gen}_latency_p50": ratio([float(np.median(t)) for t in tg[0]],
                                                [float(np.median(t)) for t in tg[1]])}
-    if manifests[0].get("form") == "runner":
-        stats = executorch_runner_stats([r.artifact for r in runners], manifests, spec)
-        for result, own in zip(results, stats):
-            result["executorch_runner"] = own
-        if vs:
-            per_token = [[r["decode_ms"] / r["generated_tokens"] for r in s["runs"]]
-                         for s in stats]
-            report["ratio_psa_over_twin"].update({
-                "executorch_runner_prefill_time": ratio(
-                    *[[r["prefill_ms"] for r in s["runs"]] for s in stats]),
-                "executorch_runner_decode_time_per_token": ratio(*per_token)})
     return report
-
-
-def executorch_runner_stats(artifacts: list[Path], manifests: list[dict], spec: BenchSpec
-                            ) -> list[dict]:
-    """ExecuTorch's own TextLLMRunner on each .pte: its Stats, per run, as times and rates.
-    As psa-edge's own loop, every repetition opens each file afresh and warms it up (a short
-    generation, not timed), and two files take turns run by run (A B, then B A)."""
-    with native_output_captured():  # its tokenizer library logs natively on import
-        from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-
-        from psa_edge.backends.executorch import load_llama_ops
-
-        load_llama_ops()  # the runner form's kernels, in the runner's process
-
-    from psa_edge.tokenizer import Tokenizer
-
-    # Random ids read as text by the model's tokenizer (a byte-level BPE may encode that text
-    # back into another count of tokens: the runner's Stats report what it fed).
-    tokenizer = Tokenizer.from_file(artifact_folder(artifacts[0]) / TOKENIZER)
-    prompt = tokenizer.decode(np.random.default_rng(1).integers(
-        0, manifests[0]["config"]["vocab_size"], size=spec.prompt))
-    collected = [[] for _ in artifacts]
-    timed, warm_up = (GenerationConfig(echo=False, max_new_tokens=n, temperature=0.0,
-                                       seq_len=spec.prompt + spec.gen)
-                      for n in (spec.gen, min(spec.gen, 8)))
-    ignore = lambda _: None  # noqa: E731
-    with native_output_captured():  # the runner logs as it loads, prints text and its report
-        for rep in range(spec.reps):
-            order = list(range(len(artifacts)))[::1 if rep % 2 == 0 else -1]
-            runners = None  # the previous repetition's programs are released first
-            held = huge_pages.resident_now()
-            runners = {i: TextLLMRunner(str(read_artifact(artifacts[i]).model_path),
-                                        str(artifact_folder(artifacts[i]) / TOKENIZER))
-                       for i in order}
-            for i in order:  # the warm-up: after it each runner has loaded its program
-                runners[i].generate(prompt, warm_up, token_callback=ignore,
-                                    stats_callback=ignore)
-            huge_pages.collapse_resident_memory(held)
-            for i in order:
-                runners[i].reset()
-                runners[i].generate(prompt, timed, token_callback=ignore,
-                                    stats_callback=collected[i].append)
-    return [runner_summary(stats) for stats in collected]
-
-
-def runner_summary(stats: list) -> dict:
-    """TextLLMRunner Stats of the timed runs as per-run times and rates, and their mean."""
-    runs = []
-    for s in stats:
-        prefill_ms = max(1, s.prompt_eval_end_ms - s.inference_start_ms)
-        decode_ms = max(1, s.inference_end_ms - s.prompt_eval_end_ms)
-        runs.append({"prompt_tokens": s.num_prompt_tokens,
-                     "generated_tokens": s.num_generated_tokens,
-                     "prefill_ms": prefill_ms, "decode_ms": decode_ms,
-                     "prefill_tokens_per_second": 1e3 * s.num_prompt_tokens / prefill_ms,
-                     "decode_tokens_per_second": 1e3 * s.num_generated_tokens / decode_ms})
-    mean = lambda k: statistics.mean(r[k] for r in runs)  # noqa: E731
-    spread = lambda k: statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0  # noqa
-    return {"runs": runs, "prefill_tokens_per_second": mean("prefill_tokens_per_second"),
-            "prefill_stddev": spread("prefill_tokens_per_second"),
-            "decode_tokens_per_second": mean("decode_tokens_per_second"),
-            "decode_stddev": spread("decode_tokens_per_second"),
-            "note": "ExecuTorch Stats (ms timestamps): prefill = prompt_eval_end - "
-                    "inference_start; decode = inference_end - prompt_eval_end over "
-                    "num_generated_tokens, which the runner counts without the first token "
-                    "(it comes out of the prefill)"}
 
 
 def dumps(report: dict) -> str:

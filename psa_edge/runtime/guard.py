@@ -11,7 +11,7 @@ Contract:
 - Bytes that passed (or that this machine exported: `mark_checked`) are remembered by sha256
   in `checked.txt` under `$PSA_EDGE_CACHE` (default `~/.cache/psa-edge`), so later opens cost
   nothing; an unwritable cache only means the check runs again. Cost measured in
-  docs/reliability.md.
+  docs/results/reliability.md.
 - `fingerprint(logits)`: per position the max, mean and standard deviation of the logits;
   two fingerprints agree within SELF_CHECK_RTOL of the logit scale (the tolerance thread
   counts and instruction sets never reach; a changed weight that stays inside it changes no

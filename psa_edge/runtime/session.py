@@ -1,4 +1,4 @@
-"""Incremental-decoding sessions (docs/spec.md §3-§4); numpy only.
+"""Incremental-decoding sessions (docs/reference/spec.md §3-§4); numpy only.
 
 Contract: a session owns one sequence on one artifact: the token ids processed so far, the
 logits of the last position, and the state behind them.
@@ -12,7 +12,8 @@ logits of the last position, and the state behind them.
   logits of position length - 1 were not computed or are no longer kept (feed it again).
 - `snapshot()` / `restore(snapshot)`: prefix reuse. A snapshot of another artifact is refused.
 - `sizes()` reports the KV-cache bytes and what PSA adds beside them (constant in length).
-Two kinds, chosen by the artifact's form (`open_session`):
+Three kinds; the artifact's registered form names its session and program class per backend
+(`contract.GraphForm.sessions`, opened by `open_session`):
 - `Session` (explicit-state graphs and the eager reference): the session holds the state. A
   rollback cuts the caches and sets each slot to the raw key (query) of position length-1,
   which the graph returned for the chunk holding it; the raw keys of the recent chunks are kept
@@ -22,6 +23,8 @@ Two kinds, chosen by the artifact's form (`open_session`):
   still hold this sequence, and the program takes the slot from its window. A restore is
   refused once the program's cache no longer holds the snapshot's tokens or its window no
   longer reaches back to them.
+- `FusedSession` (fused-form graphs): static caches bound once in ONNX Runtime, the slots
+  copied from the last raw rows of each call.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from psa_edge.contract import TOKENIZER, GraphIO, State, check_threads, slots_from
+from psa_edge.contract import TOKENIZER, GraphIO, State, check_threads, get_form, slots_from
 from psa_edge.errors import ArtifactError, PsaEdgeError, SequenceError
 from psa_edge.io import read_artifact
 from psa_edge.tokenizer import Tokenizer
@@ -346,22 +349,10 @@ def open_session(artifact: str | Path, threads: int | None = None, checked: bool
     opened = read_artifact(artifact)
     if checked:
         ensure_checked(opened)
-    backend = opened.manifest.get("backend")
-    if backend == "onnxruntime":
-        from psa_edge.backends.onnxruntime import FusedProgram, OnnxGraph
-
-        session = (FusedSession(FusedProgram(opened, threads, profile_prefix, takes_turns))
-                   if opened.manifest.get("form") == "fused"
-                   else Session(OnnxGraph(opened, threads, profile_prefix, takes_turns)))
-    elif backend == "executorch":
-        from psa_edge.backends.executorch import PteGraph, RunnerProgram, set_threads
-
-        if threads:  # ExecuTorch's threadpool is process-wide
-            set_threads(threads)
-        session = (RunnerSession(RunnerProgram(opened)) if opened.manifest.get("form")
-                   == "runner" else Session(PteGraph(opened)))
-    else:
-        raise ArtifactError(f"{opened.folder}: unknown backend {backend!r}")
+    # The manifest was checked by read_artifact: a registered form, a target that builds it.
+    session_class, program_class = get_form(opened.manifest["form"]).opener(
+        opened.manifest["backend"], str(opened.folder))
+    session = session_class(program_class(opened, threads, profile_prefix, takes_turns))
     try:
         session.tokenizer = Tokenizer(opened.read(TOKENIZER).decode("utf-8"))
     except UnicodeDecodeError:
