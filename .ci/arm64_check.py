@@ -2,7 +2,8 @@
 docs/reference/device.md.
 
 An arm64 Debian bookworm userland (Python 3.11, as 64-bit Raspberry Pi OS), unpacked from
-Debian's own packages into ~/.cache/psa-edge/arm64-bookworm (reused once built), runs under
+Debian's own packages (from the archive this machine's apt sources name for bookworm main)
+into ~/.cache/psa-edge/arm64-bookworm (reused once built), runs under
 qemu user-mode emulation (registered with the kernel's binfmt_misc) in a chroot with its own
 mount namespace, which shows the guest an ARM /proc/cpuinfo (onnxruntime reads it at import;
 the host's x86 one crashes it). The bundle of the shipped
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import lzma
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +34,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MIRROR = "https://deb.debian.org/debian"
+SUITE = "bookworm"
+APT_SOURCES = Path("/etc/apt")
 ROOTFS = Path(os.environ.get("PSA_EDGE_ARM64_ROOT",
                              Path.home() / ".cache" / "psa-edge" / "arm64-bookworm"))
 PACKAGES = ["python3.11", "python3.11-venv", "python3-pip-whl", "python3-setuptools-whl",
@@ -77,8 +80,37 @@ def tools() -> None:
                  f"machine cannot run foreign binaries")
 
 
-def index() -> dict[str, dict]:
-    url = f"{MIRROR}/dists/bookworm/main/binary-arm64/Packages.xz"
+def apt_entries(root: Path = APT_SOURCES) -> list[dict[str, list[str]]]:
+    """This machine's apt sources, each as {"Types", "URIs", "Suites", "Components"}: the
+    deb822 `.sources` files and the one-line `sources.list` form."""
+    entries = []
+    for path in sorted((root / "sources.list.d").glob("*.sources")):
+        for stanza in path.read_text().split("\n\n"):
+            fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                          if ":" in line and not line.startswith(("#", " ")))
+            entries.append({k: fields.get(k, "").split() for k in
+                            ("Types", "URIs", "Suites", "Components")})
+    for path in [root / "sources.list", *sorted((root / "sources.list.d").glob("*.list"))]:
+        lines = path.read_text().splitlines() if path.is_file() else []
+        for line in lines:  # deb [arch=... signed-by=...] URI SUITE COMPONENT...
+            words = re.sub(r"\[[^]]*\]", " ", line.split("#")[0]).split()
+            if len(words) >= 4:
+                entries.append({"Types": words[:1], "URIs": words[1:2], "Suites": words[2:3],
+                                "Components": words[3:]})
+    return entries
+
+
+def mirror(root: Path = APT_SOURCES) -> str:
+    """The Debian archive this machine's apt configuration names for bookworm's main."""
+    for entry in apt_entries(root):
+        if "deb" in entry["Types"] and SUITE in entry["Suites"] \
+                and "main" in entry["Components"] and entry["URIs"]:
+            return entry["URIs"][0].rstrip("/")
+    skip(f"no apt source of this machine serves Debian {SUITE} main")
+
+
+def index(archive: str) -> dict[str, dict]:
+    url = f"{archive}/dists/{SUITE}/main/binary-arm64/Packages.xz"
     try:
         text = lzma.decompress(urllib.request.urlopen(url, timeout=60).read()).decode()
     except OSError as exc:
@@ -118,9 +150,10 @@ def build_rootfs() -> float:
     shutil.rmtree(ROOTFS, ignore_errors=True)
     ROOTFS.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for entry in closure(index(), PACKAGES):
+        archive = mirror()
+        for entry in closure(index(archive), PACKAGES):
             deb = Path(tmp) / Path(entry["Filename"]).name
-            urllib.request.urlretrieve(f"{MIRROR}/{entry['Filename']}", deb)
+            urllib.request.urlretrieve(f"{archive}/{entry['Filename']}", deb)
             subprocess.run(["dpkg-deb", "-x", deb, ROOTFS], check=True)
     # The network configuration and CA bundle of this (Debian) host: the data a Pi has.
     for name in ("etc/resolv.conf", "etc/hosts", "etc/ssl/certs/ca-certificates.crt"):
