@@ -20,21 +20,21 @@ def test_the_debian_archive_comes_from_apts_sources(tmp_path):
     check = arm64_check()
     (tmp_path / "sources.list.d").mkdir()
     (tmp_path / "sources.list.d" / "other.sources").write_text(
-        "Types: deb\nURIs: http://a.example/node\nSuites: nodistro\nComponents: main\n\n"
-        "Types: deb-src\nURIs: http://b.example/debian\nSuites: bookworm\nComponents: main\n")
+        "Types: deb\nURIs: file:/srv/node\nSuites: nodistro\nComponents: main\n\n"
+        "Types: deb-src\nURIs: file:/srv/b/debian\nSuites: bookworm\nComponents: main\n")
     (tmp_path / "sources.list").write_text(
-        "# a comment\ndeb [arch=amd64 signed-by=/k.gpg] http://c.example/debian/ bookworm "
+        "# a comment\ndeb [arch=amd64 signed-by=/k.gpg] file:/srv/c/debian/ bookworm "
         "contrib main\n")
-    assert check.mirror(tmp_path) == "http://c.example/debian"
+    assert check.mirror(tmp_path) == "file:/srv/c/debian"
     (tmp_path / "sources.list.d" / "debian.sources").write_text(
-        "Types: deb\n# a comment\nURIs: http://d.example/debian\nSuites: bookworm "
+        "Types: deb\n# a comment\nURIs: file:/srv/d/debian\nSuites: bookworm "
         "bookworm-updates\nComponents: main\n")
-    assert check.mirror(tmp_path) == "http://d.example/debian"  # .sources are read first
+    assert check.mirror(tmp_path) == "file:/srv/d/debian"  # .sources are read first
 
 
 def test_no_bookworm_source_is_a_skip_with_its_reason(tmp_path, capsys):
     check = arm64_check()
-    (tmp_path / "sources.list").write_text("deb http://c.example/debian trixie main\n")
+    (tmp_path / "sources.list").write_text("deb file:/srv/c/debian trixie main\n")
     with pytest.raises(SystemExit) as exit_:
         check.mirror(tmp_path)
     assert exit_.value.code == check.SKIP
