@@ -188,9 +188,9 @@ class GraphIO:
                                 "for its config (an older psa-edge?); export it again")
         return io
 
-    @property
+    @cached_property
     def spec(self) -> GraphForm:
-        """The registered form this I/O is of."""
+        """The registered form this I/O is of (looked up once: the decode loop reads it)."""
         return get_form(self.form)
 
     # -- fields -------------------------------------------------------------------------------
@@ -384,7 +384,7 @@ class GraphForm:
     - `static_cache`: caches exist at the max length from the start;
     - `genai_config`: onnxruntime-genai feeds its I/O (the ONNX target writes its config);
     - `llm_runner`: ExecuTorch's LLM runner (TextLLMRunner, llama_main) loads its `.pte`;
-    - `suffix`: what `export` adds to a default output folder's name."""
+    - `suffix`: what `export` adds to a default output folder's name (default: the name)."""
 
     name = ""
     targets: tuple[str, ...] = ()
@@ -399,7 +399,7 @@ class GraphForm:
     raw_name = "present.{stream}"
 
     @property
-    def suffix(self) -> str:
+    def suffix(self) -> str:  # a subclass may set a plain class attribute instead
         return self.name
 
     def opener(self, backend: str, where: str) -> tuple[type, type]:
@@ -458,10 +458,7 @@ class ExplicitStateForm(GraphForm):
                 "executorch": ("psa_edge.runtime.session:Session",
                                "psa_edge.backends.executorch:PteGraph")}
     genai_config = True
-
-    @property
-    def suffix(self) -> str:
-        return ""  # the default form adds nothing to a folder's name
+    suffix = ""  # the default form adds nothing to a folder's name
 
 
 @register_form
@@ -507,9 +504,9 @@ class FusedForm(GraphForm):
                 + tuple(name for _, name in io.state_io))
 
     def raw_io(self, io):
-        """One stream per layer ("{layer}.{stream}")."""
-        return tuple((f"{i}.{f}", f"present.{i}.{f}") for i in range(io.num_layers)
-                     for f in io.raw_fields)
+        """One stream per layer ("{layer}.{stream}"), named as the caches are."""
+        return tuple((f"{i}.{f}", self.present_name.format(layer=i, field=f))
+                     for i in range(io.num_layers) for f in io.raw_fields)
 
     def shape(self, io, field, length):
         """Static caches; slots and raw streams `[1, S, heads dh]`, its attention's layout."""

@@ -1,6 +1,6 @@
 """The package's layering, derived from the source: every import of every module (at module level
-or inside a function) is an edge; the rules of docs/reference/architecture.md are checked on that
-graph."""
+or inside a function) is an edge; the rules of docs/reference/architecture.md are checked on
+that graph."""
 
 import ast
 from pathlib import Path

@@ -67,10 +67,7 @@ class ToyForm(contract.ExplicitStateForm):
     past_name = "cache_in.{layer}.{field}"
     present_name = "cache_out.{layer}.{field}"
     raw_name = "raw_out.{stream}"
-
-    @property
-    def suffix(self) -> str:
-        return self.name
+    suffix = "toy"
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""The PSA operator and transformer against independent formulas (docs/reference/spec.md §1,
-§3)."""
+"""The PSA operator and transformer against independent formulas
+(docs/reference/spec.md §1, §3)."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
-"""int8 and int4 quantization (docs/reference/spec.md §6): the exporter's builds and `psa-edge
-quant-check`.
+"""int8 and int4 quantization (docs/reference/spec.md §6): the exporter's builds and
+`psa-edge quant-check`.
 
 The shipped default model is the subject where accuracy matters (a good and a deliberately
 damaged int8 build); tiny random models cover determinism, delegation, the shear's placement

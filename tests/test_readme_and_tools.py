@@ -90,3 +90,14 @@ def test_every_tool_starts(tool):
     result = subprocess.run([sys.executable, str(tool), "--help"], capture_output=True,
                             text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr[-500:]
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    """The README, docs/ and models/README.md link only to files that exist (the docs were
+    moved into reference/, results/ and history/)."""
+    pages = [README, REPO / "models" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    broken = [f"{page.relative_to(REPO)}: {target}" for page in pages
+              for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+              if not target.startswith(("http:", "https:", "mailto:"))
+              and not (page.parent / target).exists()]
+    assert not broken, broken

@@ -167,7 +167,7 @@ runtime (the slot inputs, the raw-key output, the shear's three small ops), whic
 smallest preset. The runner form's slots live inside the program, so its ratios do not carry
 over to the explicit-state form. This run was made at commit {commit()}; the runner section
 below is measured on its own (`--runner`) and names the commit it ran at.""",
-"docs/results/benchmarks.md")
+                "docs/results/benchmarks.md")
     print(block)
 
 

@@ -3,8 +3,7 @@ Python standard library of the interpreter that runs psa-edge (no download).
 
     .venv/bin/python tools/code_model.py train [--device cuda]   # models/psa-code.pt + twin
     .venv/bin/python tools/code_model.py variants [--device cuda] [--jobs 2]
-    .venv/bin/python tools/code_model.py report                   # docs/results/code-model.md,
-    overview
+    .venv/bin/python tools/code_model.py report    # docs/results/code-model.md and overview.md
 
 `train`: a BPE on the corpus's training split (out/code/), then `psa-edge train --text` of the
 key-only model and of its twin (`--variant baseline`). `variants`: 1- and 2-layer baseline,

@@ -84,14 +84,13 @@ Made by `.venv/bin/python tools/fuzz.py --cases {args.cases} --seed {args.seed} 
 {args.jobs}` on {machine()}, at commit {commit()}, in {(time.time() - started) / 60:.0f} min.
 What is guaranteed and how: docs/reference/spec.md §9. The cases (tests/fuzz_cases.py): an
 artifact's model file truncated, bit-flipped, zeroed or spliced with its manifest re-hashed
-(`onnx-bytes`,
-`pte-bytes`); a damaged manifest; a damaged checkpoint or a file that is not one; a damaged
-Hugging Face folder for import-hf (`hf-folder`: a config field, a file's bytes, a missing file,
-a lying shard index); a damaged training state for `train --resume` (`state`: a recorded option,
-a task parameter, the step, the history, the optimizer); an option out of range; an output that
-is an input, a directory, unwritable, or on a full disk. `ok`: exit 0 with what the undamaged
-input gives; `refused`: exit 2, one line; every other column is a failure. CI runs a sample of
-the same generator beside the kill -9 tests (tests/test_fuzz.py).
+(`onnx-bytes`, `pte-bytes`); a damaged manifest; a damaged checkpoint or a file that is not
+one; a damaged Hugging Face folder for import-hf (`hf-folder`: a config field, a file's
+bytes, a missing file, a lying shard index); a damaged training state for `train --resume`
+(`state`: a recorded option, a task parameter, the step, the history, the optimizer); an option
+out of range; an output that is an input, a directory, unwritable, or on a full disk. `ok`:
+exit 0 with what the undamaged input gives; `refused`: exit 2, one line; every other column is
+a failure. CI runs a sample of the same generator beside the kill -9 tests (tests/test_fuzz.py).
 
 {table(results)}
 

@@ -1,8 +1,7 @@
-"""The quantization table of docs/results/overview.md and docs/results/quantization.md: the default
-model and its twin, fp32, int8 (static, dynamic, block-wise on ONNX) and int4 (groups of 32 and of
-128) for XNNPACK
-and ONNX Runtime, each build checked by `psa-edge quant-check`; and the measurement behind
-`--keep-shear-fp32`.
+"""The quantization table of docs/results/overview.md and docs/results/quantization.md: the
+default model and its twin, fp32, int8 (static, dynamic, block-wise on ONNX) and int4 (groups of
+32 and of 128) for XNNPACK and ONNX Runtime, each build checked by `psa-edge quant-check`; and
+the measurement behind `--keep-shear-fp32`.
 
     .venv/bin/python tools/quant_table.py               # about 10 minutes on 2 cores
     .venv/bin/python tools/quant_table.py --samples 32  # quicker, noisier

@@ -6,14 +6,13 @@ coupling gamma_c(d_k, T); the negative control ih-offset (no predecessor lookup 
 shear should not help); the frequency response of the default model's score stream against
 H(omega) = 1 + gamma (1 - e^{-i omega}), shear post-RoPE (as built) and pre-RoPE; the deep model.
 
-    .venv/bin/python tools/reproduce.py --variants  # the variant table: docs/results/variants.md
-    (~2 h) .venv/bin/python tools/reproduce.py --throughput [cuda]  # docs/results/training.md (~10
-    min)
+    .venv/bin/python tools/reproduce.py --variants  # docs/results/variants.md (~2 h)
+    .venv/bin/python tools/reproduce.py --throughput [cuda]  # docs/results/training.md (~10 min)
     .venv/bin/python tools/reproduce.py --deep cpu  # the deep-model runs (~1 h, 2 cores)
     .venv/bin/python tools/reproduce.py          # the page, from cached and new runs (hours)
 
-Runs are single-threaded, cached as JSON in docs/results/reproduction/runs/ (delete one to rerun
-it).
+Runs are single-threaded, cached as JSON in docs/results/reproduction/runs/ (delete one to
+rerun it).
 """
 
 from __future__ import annotations

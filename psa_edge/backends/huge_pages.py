@@ -13,8 +13,8 @@ when its weights (XNNPACK's packed ones, ONNX Runtime's initializers) are in mem
 and the process's bytes on huge pages now (None where /proc cannot tell).
 
 Why: a decode step reads every weight once, so behind 4 KiB pages it walks a page-table
-entry per 4 KiB of weights, far more than the TLB holds; docs/reference/runtime.md measures the
-gain.
+entry per 4 KiB of weights, far more than the TLB holds; docs/reference/runtime.md measures
+the gain.
 """
 
 from __future__ import annotations

@@ -3,16 +3,15 @@
 Contract: both classes build the session from the artifact's checked bytes
 (`io.read_artifact`: what runs is what was hashed); `threads` sizes the intra-op pool; with
 `takes_turns` (a session that alternates with another in this process, as `bench --vs`'s two
-do) the pool's workers stop spinning when a call returns. A file
-that ONNX Runtime cannot load, or whose I/O is not the one its manifest's config implies, is an
-`ArtifactError` naming its reason.
+do) the pool's workers stop spinning when a call returns. A file that ONNX Runtime cannot
+load, or whose I/O is not the one its manifest's config implies, is an `ArtifactError` naming
+its reason.
 - `OnnxGraph(artifact, threads)`: a `base.Graph` over an explicit-state graph.
 - Either records ONNX Runtime's profile to `profile_prefix*.json` when given one.
-- `FusedProgram(artifact, threads)`: a fused-form graph (docs/reference/spec.md §4) bound once to
-its
-  static caches, numpy arrays it owns (`caches`), each bound as both the past input and the
-  present output, so GroupQueryAttention writes a chunk's rows in place and no call copies a
-  cache. `run(tokens, position, last_only)` returns the chunk's logits `[S, V]` (with
+- `FusedProgram(artifact, threads)`: a fused-form graph (docs/reference/spec.md §4) bound
+  once to its static caches, numpy arrays it owns (`caches`), each bound as both the past input
+  and the present output, so GroupQueryAttention writes a chunk's rows in place and no call
+  copies a cache. `run(tokens, position, last_only)` returns the chunk's logits `[S, V]` (with
   `last_only`, `[1, V]`: the graph computes the last row's alone) and raw streams
   (`"{layer}.{stream}"` -> `[1, S, heads dh]`) and copies the last raw rows into the slots the
   next call reads; `set_slots` replaces them (rollback, restore). A one-token call reads and
@@ -42,9 +41,8 @@ def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
         # Each session has its own pool, whose idle workers spin on after a call for the next
         # one; two sessions taking turns then each spin on the core the other needs (psa-30m's
         # fused form at 2 threads decoded at under half its speed alone:
-        # docs/reference/runtime.md). ONNX
-        # Runtime's global pool would be shared, but then every session of the process must
-        # use it, at one thread count.
+        # docs/reference/runtime.md). ONNX Runtime's global pool would be shared, but then every
+        # session of the process must use it, at one thread count.
         options.add_session_config_entry("session.force_spinning_stop", "1")
     if profile_prefix:  # ONNX Runtime's profiler (`psa-edge bench --profile`)
         options.enable_profiling, options.profile_file_prefix = True, profile_prefix

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -53,8 +54,9 @@ class ExportRequest:
 
     def default_output(self) -> Path:
         parts = [Path(self.checkpoint).stem, self.target]
-        if get_form(self.form).suffix:
-            parts.append(get_form(self.form).suffix)
+        suffix = get_form(self.form).suffix
+        if suffix:
+            parts.append(suffix)
         if self.quant:
             parts.append(self.quant.scheme)
             if self.quant.group_size != q.WEIGHT_BLOCK:
@@ -63,9 +65,9 @@ class ExportRequest:
             parts.append("twin")
         return Path(self.checkpoint).with_name("-".join(parts))
 
-    @property
+    @cached_property
     def stages(self):
-        """The target and the form's export object."""
+        """The target and the form's export object (built once; every stage asks for it)."""
         return TARGETS[self.target], resolve(get_form(self.form).exporter)(self.form)
 
 

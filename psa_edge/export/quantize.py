@@ -1,5 +1,5 @@
-"""int8 and int4 quantization: the `quantize` stage of the export pipeline (docs/reference/spec.md
-§6).
+"""int8 and int4 quantization: the `quantize` stage of the export pipeline
+(docs/reference/spec.md §6).
 
 Contract:
 - `QuantSpec` names a scheme: `int8` (static activations, calibrated) or `int8-dynamic`

@@ -12,9 +12,9 @@ writes into a temporary folder beside `out` and renames it into place (an existi
 - `requirements-onnx.txt` (aarch64 Linux: numpy, onnxruntime, tokenizers, typer, rich, pinned to the
   versions this bundle was tested with) and, when a .pte is bundled,
   `requirements-executorch.txt` (the executorch wheel and the torch it needs);
-- `README.md` (from the templates in `runtime/templates/`): the exact commands for a Raspberry Pi
-(64-bit OS) and for an Android phone
-  (Termux + Python for the ONNX path; ExecuTorch's llama runner / benchmark app for a .pte);
+- `README.md` (from the templates in `runtime/templates/`): the exact commands for a Raspberry
+  Pi (64-bit OS) and for an Android phone (Termux + Python for the ONNX path; ExecuTorch's
+  llama runner / benchmark app for a .pte);
 - `bundle.json`: every file with its sha256.
 """
 
@@ -94,7 +94,7 @@ def build(root: Path, artifacts: list[Path], manifests: list[dict]) -> None:
     if has_pte:
         (root / "requirements-executorch.txt").write_text(
             pinned(ONNX_REQUIREMENTS + EXECUTORCH_REQUIREMENTS))
-    (root / "README.md").write_text(readme(artifacts, manifests, has_pte))
+    (root / "README.md").write_text(readme(artifacts, manifests))
     files = sorted(p for p in root.rglob("*") if p.is_file())
     record = {"psa_edge": metadata_version(), "artifacts": [a.name for a in artifacts],
               "files": {str(p.relative_to(root)): sha256_file(p) for p in files}}
@@ -107,24 +107,23 @@ def metadata_version() -> str:
     return __version__
 
 
-def readme(artifacts: list[Path], manifests: list[dict], has_pte: bool) -> str:
+def readme(artifacts: list[Path], manifests: list[dict]) -> str:
     """The bundle's README from the templates beside this module: the Pi and Android commands
     on one of the bundle's artifacts, a .pte's requirements where there is one, ExecuTorch's
     LLM runner where a form it loads is bundled (`GraphForm.llm_runner`)."""
     onnx = next((a.name for a, m in zip(artifacts, manifests) if m.get("target") == "onnx"),
                 None)
     runners = [a.name for a, m in zip(artifacts, manifests) if get_form(m["form"]).llm_runner]
-    ptes = [a.name for a, m in zip(artifacts, manifests)
-            if m.get("backend") == "executorch" and a.name not in runners]
+    ptes = [a.name for a, m in zip(artifacts, manifests)  # the LLM runner's last
+            if m.get("backend") == "executorch" and a.name not in runners] + runners
     listing = "\n".join(f"- `models/{a.name}`: {m.get('target')} {m.get('form')}, "
                         f"{(m.get('quantization') or {}).get('scheme', 'fp32')}, variant "
                         f"{m.get('variant')} (gamma_k {m.get('gamma_k')}, gamma_q "
                         f"{m.get('gamma_q')}), max length {m.get('max_seq_len')}"
                         for a, m in zip(artifacts, manifests))
-    values = {"listing": listing, "example": onnx or (ptes + runners)[0],
-              "pte": (ptes + runners)[0] if has_pte else "",
+    values = {"listing": listing, "example": onnx or ptes[0], "pte": ptes[0] if ptes else "",
               "runner": runners[0] if runners else ""}
-    sections = ["bundle-readme.md"] + (["bundle-readme-pte.md"] if has_pte else []) \
+    sections = ["bundle-readme.md"] + (["bundle-readme-pte.md"] if ptes else []) \
         + ["bundle-readme-android.md"] + (["bundle-readme-runner.md"] if runners else [])
     return "\n".join(Template((TEMPLATES / name).read_text()).substitute(values)
                      for name in sections)

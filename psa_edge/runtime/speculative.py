@@ -1,5 +1,5 @@
-"""Speculative decoding (docs/reference/spec.md §5): a drafter proposes, the target verifies in one
-call.
+"""Speculative decoding (docs/reference/spec.md §5): a drafter proposes, the target verifies
+in one call.
 
 Contract:
 - A drafter has `propose(context, k, sampling, rng) -> (tokens, distributions)`: up to `k`
