@@ -57,6 +57,17 @@ def spec_range(name: str) -> dict:
             number(low, high)}
 
 
+def lab_module(name: str):
+    """`psa_edge.lab.<name>`, or None where the lab is not installed (the device bundle);
+    an import error inside the lab is raised, not taken for its absence."""
+    try:
+        return importlib.import_module(f"psa_edge.lab.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("psa_edge.lab", f"psa_edge.lab.{name}"):
+            raise
+        return None
+
+
 def one_of(what: str, module: str, table: str):
     """A typer callback refusing a name that `module.table` does not hold, as the library would
     ("unknown preset ..."). The module is imported when the option is checked, not when the CLI
@@ -118,7 +129,8 @@ def train(
     task: str = typer.Option("ih-safari", callback=one_of("task", "psa_edge.tasks", "TASKS"),
                              help="ih-safari, ih-sht, ih-offset or mqar."),
     text: Optional[list[str]] = typer.Option(
-        None, "--text", callback=library_check("psa_edge.tasks.text", "check_corpus_path"),
+        None, "--text", metavar="PATH",
+        callback=library_check("psa_edge.tasks.text", "check_corpus_path"),
         help="Train a language model on these files, folders or globs (repeatable) instead of "
         "a task, with a byte-level BPE trained on them."),
     vocab_size: Optional[int] = typer.Option(None, **spec_range("vocab_size"),
@@ -231,7 +243,8 @@ def launch_torchrun(nproc: int) -> int:
 
 @app.command(name="eval", short_help="Held-out accuracy of a checkpoint.")
 def eval_cmd(
-    checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"), help="model.pt"),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                      callback=input_file("checkpoint"), help="model.pt"),
     task: Optional[str] = typer.Option(None, callback=one_of("task", "psa_edge.tasks", "TASKS"),
                                        help="Task (default: the one it was trained on)."),
     samples: int = typer.Option(512, min=1, max=LENGTH_MAX, help="Held-out sequences."),
@@ -255,7 +268,8 @@ def eval_cmd(
 
 @app.command(short_help="Export and check an ONNX / ExecuTorch artifact.")
 def export(
-    checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"), help="model.pt"),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                      callback=input_file("checkpoint"), help="model.pt"),
     target: str = typer.Option("xnnpack", callback=one_of("target", "psa_edge.contract",
                                                           "BACKENDS"),
                                help="xnnpack, portable or onnx."),
@@ -314,7 +328,8 @@ def export(
 
 @app.command(name="import-hf", short_help="A transformers Llama folder to a checkpoint.")
 def import_hf_cmd(
-    folder: Path = typer.Argument(..., help="A LlamaForCausalLM save_pretrained folder "
+    folder: Path = typer.Argument(..., metavar="FOLDER",
+                                  help="A LlamaForCausalLM save_pretrained folder "
                                   "(config.json, safetensors, tokenizer.json)."),
     output: Path = typer.Option(..., "-o", "--output", callback=OUTPUT_FILE,
                                 help="Checkpoint to write (model.pt)."),
@@ -337,7 +352,8 @@ def import_hf_cmd(
 
 @app.command(name="export-hf", short_help="A checkpoint to a transformers folder.")
 def export_hf_cmd(
-    checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"), help="model.pt"),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                      callback=input_file("checkpoint"), help="model.pt"),
     output: Path = typer.Option(..., "-o", "--output", callback=OUTPUT_FOLDER,
                                 help="Folder to write (new, or one psa-edge wrote before)."),
 ) -> None:
@@ -351,7 +367,8 @@ def export_hf_cmd(
 
 @app.command(short_help="What an artifact holds: I/O, ops, delegation.")
 def inspect(
-    artifact: Path = typer.Argument(..., help="Artifact folder (or the model file in it)."),
+    artifact: Path = typer.Argument(..., metavar="ARTIFACT",
+                                    help="Artifact folder (or the model file in it)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Manifest, I/O signature, op histogram and delegation summary of an artifact."""
@@ -367,9 +384,10 @@ def inspect(
 
 @app.command(name="quant-check", short_help="Accuracy of a quantized artifact vs the float model.")
 def quant_check_cmd(
-    checkpoint: Path = typer.Argument(..., callback=input_file("checkpoint"),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", callback=input_file("checkpoint"),
                                       help="model.pt the artifact was exported from"),
-    artifact: Path = typer.Argument(..., help="Artifact folder, quantized or float."),
+    artifact: Path = typer.Argument(..., metavar="ARTIFACT",
+                                    help="Artifact folder, quantized or float."),
     task: Optional[str] = typer.Option(None, callback=one_of("task", "psa_edge.tasks", "TASKS"),
                                        help="Task (default: the checkpoint's own)."),
     samples: int = typer.Option(64, min=1, max=LENGTH_MAX, help="Held-out sequences."),
@@ -408,7 +426,8 @@ def quant_check_cmd(
 
 @app.command(short_help="Generate tokens, plainly or speculatively.")
 def generate(
-    artifact: Path = typer.Argument(..., help="Artifact folder (any form), or a model.pt "
+    artifact: Path = typer.Argument(..., metavar="ARTIFACT",
+                                    help="Artifact folder (any form), or a model.pt "
                                     "(its float reference)."),
     prompt: Optional[str] = typer.Option(None, help="Prompt text (the model's own tokenizer)."),
     prompt_file: Optional[Path] = typer.Option(None, help="Prompt text from a file."),
@@ -421,7 +440,8 @@ def generate(
                                           help="Sample from the smallest set of tokens "
                                           "whose probability reaches p."),
     seed: int = typer.Option(0, min=0, max=SEED_MAX, help="Seed of the sampler."),
-    stop: Optional[list[str]] = typer.Option(None, help="Stop once the text holds this string "
+    stop: Optional[list[str]] = typer.Option(None, metavar="TEXT",
+                                             help="Stop once the text holds this string "
                                              "(repeatable); the end-of-text token always "
                                              "stops."),
     stream: bool = typer.Option(False, "--stream", help="Print tokens as they come."),
@@ -446,7 +466,7 @@ def generate(
 
 @app.command(short_help="Check cache parity, reuse, rollback, speculation.")
 def verify(
-    artifact: Path = typer.Argument(..., help="Artifact folder (any form)."),
+    artifact: Path = typer.Argument(..., metavar="ARTIFACT", help="Artifact folder (any form)."),
     reference: Optional[Path] = typer.Option(None, help="Float reference model.pt (default: "
                                              "the checkpoint the manifest names)."),
     twin: Optional[Path] = typer.Option(None, help="The gamma = 0 twin artifact, for the "
@@ -471,7 +491,7 @@ def verify(
 
 @app.command(short_help="Prefill and decode tokens/s, PSA vs its twin.")
 def bench(
-    artifact: Path = typer.Argument(..., help="Artifact folder (any form)."),
+    artifact: Path = typer.Argument(..., metavar="ARTIFACT", help="Artifact folder (any form)."),
     vs: Optional[Path] = typer.Option(
         None, "--vs", help="The gamma = 0 twin: run interleaved, both opened afresh every "
         "repetition; PSA/twin ratios with their 95% interval."),
@@ -497,18 +517,16 @@ def bench(
     from psa_edge.io import check_output, refuse_overlap
     from psa_edge.runtime.bench import BenchSpec, dumps, prepare_bench
 
-    try:  # the lab's additions (FLOPs, ExecuTorch's own runner, --profile), where installed
-        from psa_edge.lab.bench import execute
-    except ImportError:  # the device bundle ships the runtime's loop only
-        from psa_edge.runtime.bench import execute
+    # The lab's additions (FLOPs, ExecuTorch's own runner, --profile) where it is installed;
+    # the device bundle carries the runtime's loop only.
+    execute = (lab_module("bench") or importlib.import_module("psa_edge.runtime.bench")).execute
     if profile:
         from psa_edge.display import profile_table
 
-        try:
-            from psa_edge.lab.profile import profile_tokens
-        except ImportError:
+        if lab_module("profile") is None:
             raise ConfigError("--profile is psa-edge's measurement lab, which this device "
                               "bundle does not carry; profile on the machine that exported")
+        profile_tokens = lab_module("profile").profile_tokens
 
         report = profile_tokens(artifact, BenchSpec(prompt, gen, reps, 0, threads))
         typer.echo(dumps(report)) if as_json else profile_table(report)
@@ -532,7 +550,8 @@ def bench(
 
 @app.command(short_help="Write a folder to copy to a Pi or a phone.")
 def bundle(
-    artifacts: list[Path] = typer.Argument(..., help="Artifact folders to bundle."),
+    artifacts: list[Path] = typer.Argument(..., metavar="ARTIFACTS",
+                                           help="Artifact folders to bundle."),
     output: Path = typer.Option(..., "-o", "--output", help="Folder to write (new or empty)."),
 ) -> None:
     """Write a self-contained folder to copy to a device: artifacts, the torch-free runtime,
@@ -569,10 +588,14 @@ def certify(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -
 def demo(
     checkpoint: Path = typer.Option(DEFAULT_MODEL, help="Checkpoint to walk through."),
 ) -> None:
-    """Walk the whole pipeline on the shipped default model (in a temporary folder)."""
+    """Walk the whole pipeline on the shipped default model (in a temporary folder); exit 1 if
+    one of its checks (quant-check, verify, speculative equality) fails."""
     from psa_edge.demo import run_demo
 
-    run_demo(checkpoint)
+    failed = run_demo(checkpoint)
+    if failed:
+        typer.echo(f"demo: {', '.join(failed)} failed", err=True)
+        raise typer.Exit(1)
 
 
 def terminate(signum, frame) -> None:

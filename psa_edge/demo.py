@@ -3,12 +3,16 @@
 Steps: load the checkpoint (weights_only), describe it, score it on held-out data of its task,
 show one induction example, check that token-by-token decoding over explicit state gives the
 full-sequence logits; export it to ONNX and ExecuTorch XNNPACK (the exporter's parity probe)
-and decode the example through ONNX Runtime; build int8 and check it (`quant-check`); run
+and decode the example through ONNX Runtime; build int8-dynamic and check it (`quant-check`,
+its default thresholds and held-out sample count); run
 `verify` (cache parity, prefix reuse, rollback, speculative equality); generate with
 prompt-lookup speculative decoding; benchmark PSA against its twin. Then the shipped
 code-completion model (`models/psa-code.pt`, a language model of the standard library's source):
 export it to ONNX, complete a Python snippet, and complete it again with prompt-lookup
 speculative decoding.
+
+`run_demo` returns the checks that failed (quant-check, verify, speculative equality), which
+`psa-edge demo` turns into exit code 1: a demo that prints FAIL does not exit 0.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ SNIPPET = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n"
            "    def pop(self):\n        return self.")
 
 
-def run_demo(checkpoint: Path) -> None:
+def run_demo(checkpoint: Path) -> list[str]:
     import torch
 
     from psa_edge.model.checkpoint import load_checkpoint
@@ -70,10 +74,10 @@ def run_demo(checkpoint: Path) -> None:
     console.print(f"4. token-by-token decode over explicit state vs full sequence: max |dlogit| "
                   f"= {err:.2e}; cache per layer {tuple(state[0]['key'].shape)} (same as the "
                   f"gamma=0 twin), previous-key slot {slot}")
-    export_step(console, checkpoint, inputs[0], logits[0].numpy())
+    return export_step(console, checkpoint, inputs[0], logits[0].numpy())
 
 
-def export_step(console: Console, checkpoint: Path, tokens, reference) -> None:
+def export_step(console: Console, checkpoint: Path, tokens, reference) -> list[str]:
     import tempfile
 
     import numpy as np
@@ -98,10 +102,10 @@ def export_step(console: Console, checkpoint: Path, tokens, reference) -> None:
         console.print(f"7. ONNX Runtime, token by token over the {len(tokens)}-token example: "
                       f"max |dlogit| vs eager {np.abs(logits - reference).max():.2e}, "
                       f"prediction {int(logits[-1].argmax())}")
-        runtime_steps(console, checkpoint, Path(tmp), tokens)
+        return runtime_steps(console, checkpoint, Path(tmp), tokens)
 
 
-def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None:
+def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> list[str]:
     from psa_edge.checks import quant_check
     from psa_edge.checks.verify import verify
     from psa_edge.export.pipeline import ExportRequest, run_export
@@ -111,13 +115,16 @@ def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None
     from psa_edge.runtime.session import open_session
     from psa_edge.runtime.speculative import PromptLookupDrafter, speculative_generate
 
+    # int8-dynamic: on the shipped model its top-1 agreement is 0.995 against the 0.98 bound;
+    # static int8's is 0.980-0.982 there, on the bound (measured with quant-check's 64 samples).
     int8 = run_export(ExportRequest(checkpoint, "onnx", tmp / "model-onnx-int8",
-                                    quant=QuantSpec("int8")))
-    check = quant_check.run(quant_check.prepare(checkpoint, tmp / "model-onnx-int8",
-                                                samples=16))
+                                    quant=QuantSpec("int8-dynamic")))
+    plan = quant_check.prepare(checkpoint, tmp / "model-onnx-int8")
+    check = quant_check.run(plan)
     m = check["metrics"]
-    console.print(f"8. --quantize int8 (ONNX): {int8['size_bytes'] / 1e6:.2f} MB; quant-check "
-                  f"on 16 held-out sequences: accuracy {m['accuracy_float']:.3f} -> "
+    failed = [] if check["passed"] else ["quant-check"]
+    console.print(f"8. --quantize int8-dynamic (ONNX): {int8['size_bytes'] / 1e6:.2f} MB; "
+                  f"quant-check on held-out sequences: accuracy {m['accuracy_float']:.3f} -> "
                   f"{m['accuracy_artifact']:.3f}, top-1 agreement {m['top1_agreement']:.3f}, "
                   f"mean KL {m['kl_mean']:.1e} -> {'PASS' if check['passed'] else 'FAIL'}")
     run_export(ExportRequest(checkpoint, "onnx", tmp / "model-onnx-twin", twin=True))
@@ -125,6 +132,7 @@ def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None
     cache = report["cache"][-1]
     checks = ", ".join(c["name"].split(". ")[1] + (" ok" if c["passed"] else " FAIL")
                        for c in report["checks"])
+    failed += [] if report["passed"] else ["verify"]
     console.print(f"9. verify: {checks}; "
                   f"KV cache at {cache['length']} tokens {cache['psa_cache_bytes']:,} B = twin's "
                   f"{cache['twin_cache_bytes']:,} B, plus a {cache['extra_bytes']:,} B slot")
@@ -132,6 +140,7 @@ def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None
     prompt = tokens[:128]
     plain = generate(session, prompt, 32)
     spec = speculative_generate(session, PromptLookupDrafter(), prompt, 32)
+    failed += [] if spec.tokens == plain.tokens else ["speculative equality"]
     console.print(f"10. speculative decoding, prompt lookup: {spec.stats['accepted']}/"
                   f"{spec.stats['drafted']} drafts accepted, "
                   f"{spec.stats['tokens_per_target_call']:.1f} tokens per target call, output "
@@ -148,11 +157,10 @@ def runtime_steps(console: Console, checkpoint: Path, tmp: Path, tokens) -> None
                   f"{ratio['geomean']:.3f}x the twin's time{interval}: the shear's cost "
                   f"(1.000 = none; 3 repetitions of a noisy measurement, "
                   f"docs/results/benchmarks.md has the careful one)")
-    if CODE_MODEL.exists():
-        code_steps(console, tmp)
+    return failed + (code_steps(console, tmp) if CODE_MODEL.exists() else [])
 
 
-def code_steps(console: Console, tmp: Path) -> None:
+def code_steps(console: Console, tmp: Path) -> list[str]:
     from psa_edge.export.pipeline import ExportRequest, run_export
     from psa_edge.runtime.generate import Stop, generate
     from psa_edge.runtime.session import open_session
@@ -173,3 +181,4 @@ def code_steps(console: Console, tmp: Path) -> None:
                   f"{spec.stats['accepted']}/{spec.stats['drafted']} drafts accepted, "
                   f"{spec.stats['tokens_per_target_call']:.1f} tokens per target call, output "
                   f"{'identical to' if spec.tokens == plain.tokens else 'DIFFERENT from'} greedy")
+    return [] if spec.tokens == plain.tokens else ["the code model's speculative equality"]

@@ -109,6 +109,15 @@ def bench_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+# Measured on the shipped default model, ONNX: `bench PSA --vs TWIN` showed 42.7 / 5.5 MB and
+# `bench TWIN --vs PSA` 42.6 / 6.2 MB. The first open pays the process's one-time start,
+# whichever artifact it opens: importing ONNX Runtime (about 20 MB), its first session (about
+# 17 MB beyond a second one's) and the tokenizer library's start (about 5 MB).
+LOAD_RSS_NOTE = ("load RSS: what opening each artifact added to this process; the first one "
+                 "opened also carries the runtime's one-time start (its import, its first "
+                 "session, the tokenizer library), which overstates that artifact's own memory")
+
+
 RATIO_HEADER = ["PSA / twin ratio", "geomean [95% CI]", "median", "range over reps"]
 
 
@@ -163,7 +172,7 @@ def bench_tables(report: dict, markdown: bool = False) -> None:
         if ratios:
             print()
             print(markdown_table(RATIO_HEADER, ratios))
-        for line in runner:
+        for line in runner + [LOAD_RSS_NOTE]:
             print(f"\n{line}")
         print(f"\n{machine}")
         return
@@ -178,7 +187,7 @@ def bench_tables(report: dict, markdown: bool = False) -> None:
         for row in ratios:
             ratio_table.add_row(*row)
         console.print(ratio_table)
-    for line in runner:
+    for line in runner + [LOAD_RSS_NOTE]:
         console.print(line)
     console.print(machine)
 

@@ -1,7 +1,7 @@
 """`psa-edge bench` and `psa-edge bundle` (docs/reference/spec.md §7): every reported field, the
---vs
-contract, the runner form with ExecuTorch's own runner, FLOPs against an independent count, and
-the bundle running torch-free from its own copy of the runtime."""
+--vs contract, the runner form with ExecuTorch's own runner (through the lab, `lab.bench`), FLOPs
+against an independent count, and the bundle running torch-free from its own copy of the
+runtime."""
 
 import json
 import math
@@ -195,6 +195,7 @@ def test_bench_executorch_and_its_own_runner(artifacts, capsys, monkeypatch):
     bench_tables(runner, markdown=True)
     shown = capsys.readouterr().out
     assert "| executorch runner decode time per token |" in shown
+    assert "the first one opened also carries the runtime's one-time start" in shown
     for name in ("runner", "runner-twin"):
         assert f"ExecuTorch TextLLMRunner on {name} (its own Stats)" in shown
     alone = run_bench(artifacts["runner"], BenchSpec(prompt=8, gen=8, reps=1))

@@ -24,7 +24,9 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   `vs` must have the same config but for gamma, the same target and the same quantization;
 - runner-form `.pte` (`forward(tokens, input_pos)`): psa-edge's loop drives the method;
 - also reported: artifact size, backend, precision, threads, RSS added by loading the artifact
-  (and warm-up) and the process's peak RSS, and the machine;
+  (and warm-up; the first artifact opened also carries the process's one-time start of its
+  runtime: about 37 MB for ONNX Runtime on the default model, whichever artifact is first:
+  `display.LOAD_RSS_NOTE`) and the process's peak RSS, and the machine;
 - and the pages the weights ran on, which moved decode speed by up to 1.18x
 (docs/reference/runtime.md):
   per artifact the bytes its load put on transparent huge pages (`load_huge_bytes`), and per
