@@ -28,7 +28,7 @@ Contract: `run_bench(artifact, spec, vs=None)`:
   runtime: about 37 MB for ONNX Runtime on the default model, whichever artifact is first:
   `display.LOAD_RSS_NOTE`) and the process's peak RSS, and the machine;
 - and the pages the weights ran on, which moved decode speed by up to 1.18x
-(docs/reference/runtime.md):
+  (docs/reference/runtime.md):
   per artifact the bytes its load put on transparent huge pages (`load_huge_bytes`), and per
   report `huge_pages` (`backends.huge_pages.state()` after psa-edge's own runs: whether loads
   are collapsed, the kernel's THP setting, the process's bytes on huge pages then).
