@@ -284,8 +284,9 @@ def export(
     form: str = typer.Option("explicit-state",
                              callback=one_of("form", "psa_edge.contract", "FORMS"),
                              help="explicit-state; runner (ExecuTorch LLM-runner form with an "
-                             "in-program cache); or fused (ONNX Runtime's fused attention over "
-                             "static in-place caches)."),
+                             "in-program cache); fused (ONNX Runtime's fused attention over "
+                             "static in-place caches); or raw-key (ONNX: a plain Llama's I/O "
+                             "that optimum and onnxruntime-genai run; gamma_q = 0)."),
     quantize: Optional[str] = typer.Option(
         None, callback=one_of("quantization", "psa_edge.contract", "SCHEMES"),
         help="int8 (static activations, calibrated), int8-dynamic, int8-block (ONNX: 8-bit "
@@ -493,8 +494,9 @@ def verify(
 def bench(
     artifact: Path = typer.Argument(..., metavar="ARTIFACT", help="Artifact folder (any form)."),
     vs: Optional[Path] = typer.Option(
-        None, "--vs", help="The gamma = 0 twin: run interleaved, both opened afresh every "
-        "repetition; PSA/twin ratios with their 95% interval."),
+        None, "--vs", help="The gamma = 0 twin (or the model in another form of the same "
+        "target): run interleaved, both opened afresh every repetition; PSA/twin ratios with "
+        "their 95% interval."),
     prompt: int = typer.Option(128, "-p", min=1, max=LENGTH_MAX,
                                help="Prefill test: tokens in one call."),
     gen: int = typer.Option(128, "-n", min=1, max=LENGTH_MAX,

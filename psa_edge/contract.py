@@ -9,7 +9,7 @@ manifest). Nothing else spells a tensor name or a state shape.
 Graph forms are registered objects (`register_form`, looked up by `get_form`): one class per
 form says its state, its tensor names and shapes, the targets that build it, the torch half
 the exporter builds it with and the session that runs it, so nothing outside this registry
-compares a form's name. The three psa-edge ships:
+compares a form's name. The four psa-edge ships:
 - `explicit-state`: `(input_ids [1, S], *past) -> (logits [1, S, V], *present, *raw)`; per
   layer i the inputs `past_key_values.{i}.key / .value / .prev_key / .prev_query` (in that
   order; the slots only where that gamma is non-zero), the outputs `present.{i}.key / .value`,
@@ -24,6 +24,10 @@ compares a form's name. The three psa-edge ships:
   [1, R, V], *present, *raw)`: static caches `[1, Hkv, max_seq_len, dh]`, slots and raw
   streams `[1, S or 1, heads dh]` (`shape`); the logits of the last R = logits_to_keep rows
   only (0: all S), as Hugging Face's `logits_to_keep`.
+- `raw-key`: plain Llama's I/O, `(input_ids, attention_mask, position_ids, *past) -> (logits,
+  *present)` with `past_key_values.{i}.key / .value` and `present.{i}.key / .value` only: the
+  caches hold raw post-RoPE keys and the graph shears them (gamma_q = 0 only), so stock
+  clients (optimum, onnxruntime-genai) feed it as they feed a Llama.
 """
 
 from __future__ import annotations
@@ -167,7 +171,7 @@ class GraphIO:
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) \
                 or not 1 <= max_seq_len <= INT_FIELDS["max_position_embeddings"][1]:
             raise ArtifactError(f"max_seq_len {max_seq_len!r} is not a length")
-        get_form(form)
+        get_form(form).check(config)
         gamma_q, gamma_k = gammas(config)
         return cls(form, int(config["num_hidden_layers"]), int(config["num_attention_heads"]),
                    int(config["num_key_value_heads"]),
@@ -197,6 +201,10 @@ class GraphIO:
 
     @cached_property
     def slot_fields(self) -> tuple[str, ...]:
+        """The previous-key (-query) slots a sheared stream carries; none in a form whose graph
+        shears its cached raw keys itself (`GraphForm.slots`)."""
+        if not self.spec.slots:
+            return ()
         return tuple(f for f, gamma in (("prev_key", self.gamma_k), ("prev_query", self.gamma_q))
                      if gamma != 0)
 
@@ -382,8 +390,13 @@ class GraphForm:
     - `sessions`: backend -> (session class, program class), each `"module:Name"`; the
       runtime opens `Session(Program(artifact, threads, profile_prefix, takes_turns))`;
     - `static_cache`: caches exist at the max length from the start;
-    - `genai_config`: onnxruntime-genai feeds its I/O (the ONNX target writes its config);
+    - `slots`: a sheared stream carries a previous-key (-query) slot (`GraphIO.slot_fields`);
+    - `onnx_clients(io)`: the stock ONNX clients that run its graph as written (the ONNX
+      target writes genai_config.json where onnxruntime-genai is one, from `genai_inputs`);
     - `llm_runner`: ExecuTorch's LLM runner (TextLLMRunner, llama_main) loads its `.pte`;
+    - `feeds(io, seq_len, past_len)`: the inputs beside the tokens and the state a session
+      feeds it (none but in the raw-key form);
+    - `check(config)`: refuse a model the form cannot express (`ConfigError`);
     - `suffix`: what `export` adds to a default output folder's name (default: the name)."""
 
     name = ""
@@ -392,7 +405,7 @@ class GraphForm:
     exporter = ""
     sessions: dict[str, tuple[str, str]] = {}
     static_cache = False
-    genai_config = False
+    slots = True
     llm_runner = False
     past_name = "past_key_values.{layer}.{field}"
     present_name = "present.{layer}.{field}"
@@ -408,6 +421,21 @@ class GraphForm:
             raise ArtifactError(f"{where}: psa-edge runs no {self.name} graph on {backend!r}")
         session, program = self.sessions[backend]
         return resolve(session), resolve(program)
+
+    def check(self, config: Mapping) -> None:
+        pass
+
+    def onnx_clients(self, io: "GraphIO") -> tuple[str, ...]:
+        return ()
+
+    def genai_inputs(self, io: "GraphIO") -> dict[str, str]:
+        """genai_config.json's `decoder.inputs`: the graph inputs onnxruntime-genai feeds."""
+        return {"input_ids": "input_ids",
+                "past_key_names": self.past_name.format(layer="%d", field="key"),
+                "past_value_names": self.past_name.format(layer="%d", field="value")}
+
+    def feeds(self, io: "GraphIO", seq_len: int, past_len: int) -> State:
+        return {}
 
     def input_names(self, io: "GraphIO") -> tuple[str, ...]:
         return ("input_ids",) + tuple(name for _, name in io.state_io)
@@ -457,8 +485,11 @@ class ExplicitStateForm(GraphForm):
                                 "psa_edge.backends.onnxruntime:OnnxGraph"),
                 "executorch": ("psa_edge.runtime.session:Session",
                                "psa_edge.backends.executorch:PteGraph")}
-    genai_config = True
     suffix = ""  # the default form adds nothing to a folder's name
+
+    def onnx_clients(self, io):
+        """The gamma = 0 twin's I/O is plain Llama's; the slots are inputs no client feeds."""
+        return () if io.slot_fields else ("optimum", "onnxruntime-genai")
 
 
 @register_form
@@ -527,6 +558,50 @@ class FusedForm(GraphForm):
         """That row of the layer's own stream, `[1, 1, H d]`."""
         return {key: np.ascontiguousarray(raw[f"{layer}.{stream}"][:, row, None])
                 for key, stream, layer in io.slot_io}
+
+
+@register_form
+class RawKeyForm(GraphForm):
+    """Plain Llama's I/O, `(input_ids [1, S], attention_mask [1, P + S], position_ids [1, S],
+    *past) -> (logits [1, S, V], *present)`: the caches hold the raw post-RoPE keys, which the
+    graph shears itself over every cached position and the new ones, so nothing lives beside
+    the KV cache and a rollback is a truncation. A client feeds it as it feeds a Llama graph.
+    A query shear needs the previous query, which this I/O has no place for: refused."""
+
+    name = "raw-key"
+    targets = ("onnx",)
+    schemes = ("int8", "int8-dynamic", "int8-block", "int4")
+    exporter = "psa_edge.export.forms:RawKeyExport"
+    sessions = {"onnxruntime": ("psa_edge.runtime.session:Session",
+                                "psa_edge.backends.onnxruntime:OnnxGraph")}
+    slots = False
+    MASKS = ("attention_mask", "position_ids")
+
+    def check(self, config):
+        if float(config["gamma_q"]) != 0:
+            raise ConfigError(f"the {self.name} form caches keys only; a query shear (gamma_q "
+                              f"{config['gamma_q']:g}) needs the explicit-state form")
+
+    def onnx_clients(self, io):
+        return ("optimum", "onnxruntime-genai")
+
+    def genai_inputs(self, io):
+        return {**super().genai_inputs(io), **{name: name for name in self.MASKS}}
+
+    def feeds(self, io, seq_len, past_len):
+        """All positions attended (batch 1, no padding); positions from P on."""
+        return {"attention_mask": np.ones((1, past_len + seq_len), np.int64),
+                "position_ids": np.arange(past_len, past_len + seq_len, dtype=np.int64)[None]}
+
+    def input_names(self, io):
+        return ("input_ids",) + self.MASKS + tuple(name for _, name in io.state_io)
+
+    def patterns(self, io):
+        inputs, outputs = super().patterns(io)
+        return inputs[:1] + [(1, None)] * len(self.MASKS) + inputs[1:], outputs
+
+    def manifest_block(self, io):
+        return {**super().manifest_block(io), "cached_keys": "raw post-RoPE"}
 
 
 DEFAULT_FORM = ExplicitStateForm.name

@@ -50,6 +50,7 @@ CASES = {  # name -> (variant, target, twin, form)
     "runner-twin": ("key-only", "xnnpack", True, "runner"),
     "fused": ("symmetric", "onnx", False, "fused"),
     "fused-twin": ("symmetric", "onnx", True, "fused"),
+    "raw-key": ("key-only", "onnx", False, "raw-key"),
 }
 
 

@@ -27,7 +27,8 @@ TINY_LEN = 48
 STATIC, DYNAMIC, INT4 = QuantSpec("int8"), QuantSpec("int8-dynamic"), QuantSpec("int4")
 INT4_G128 = QuantSpec("int4", group_size=128)
 # In the order their first readers run (after the sort below), so that the first waits least.
-EXPORT_FIXTURES = ("artifacts", "imported", "default_int8", "int8", "text_model")
+EXPORT_FIXTURES = ("artifacts", "imported", "default_int8", "int8", "text_model", "shipped")
+SHIPPED = {"default": DEFAULT, "code": REPO / "models" / "psa-code.pt"}
 
 
 class Exports(Mapping):
@@ -277,3 +278,45 @@ def text_model(corpus, tmp_path_factory, export_pool):
         "onnx": ExportRequest(out, "onnx", root / "onnx"),
         "runner": ExportRequest(out, "portable", root / "runner", form="runner")},
         checkpoint=out)
+
+
+def client_commands() -> list[list[str]]:
+    """The README's commands that write the folders stock clients take (its "In other
+    clients" section), as argument lists after the program name."""
+    import re
+    import shlex
+
+    section = (REPO / "README.md").read_text().split("## In other clients")[1]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.S).group(1)
+    return [shlex.split(line)[1:] for line in block.splitlines() if line.strip()]
+
+
+def run_cli(argv: list[str]) -> None:
+    """One psa-edge command through the CLI's own app (in a pool worker)."""
+    from typer.testing import CliRunner
+
+    from psa_edge.cli import app
+
+    result = CliRunner().invoke(app, argv)
+    if result.exit_code:
+        raise RuntimeError(f"psa-edge {' '.join(argv)}: {result.output[-800:]}")
+
+
+@pytest.fixture(scope="session")
+def shipped(tmp_path_factory, export_pool):
+    """The README's client commands (written for the code model) run on both shipped PSA
+    models, the default one without an end-of-text token and the code model with one:
+    "{model}-raw-key" (ONNX, raw-key form), "{model}-runner" (runner-form .pte) and
+    "{model}-hf" (export-hf)."""
+    root = tmp_path_factory.mktemp("shipped")
+    commands = client_commands()
+    assert len(commands) == 3
+    exports = Exports({}, {})
+    for name, path in SHIPPED.items():
+        for argv in sorted(commands, key=lambda a: "xnnpack" not in a):  # the longest first
+            argv = [str(path) if a == "models/psa-code.pt" else a for a in argv]
+            out = argv.index("-o") + 1
+            kind = Path(argv[out]).name.removeprefix("code-")
+            argv[out] = str(root / f"{name}-{kind}")
+            exports.add(f"{name}-{kind}", Path(argv[out]), export_pool.submit(run_cli, argv))
+    return exports

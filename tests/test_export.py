@@ -17,7 +17,7 @@ from conftest import (CASES, MAX_LEN, REPO, assert_umask_modes, cli, copy_artifa
                       manifest_of, model_file)
 from psa_edge.checks import reference as checks
 from psa_edge.checks.reference import Reference, feed_chunks
-from psa_edge.errors import ArtifactError, ExportError
+from psa_edge.errors import ArtifactError, ExportError, PsaEdgeError
 from psa_edge.export.pipeline import STAGES, ExportRequest, export, run_export, transform
 from psa_edge.runtime.session import open_session
 
@@ -31,7 +31,7 @@ def eager(checkpoints, name):
 
 
 @pytest.mark.parametrize("name", ["onnx", "onnx-twin", "xnnpack", "xnnpack-twin", "portable",
-                                  "runner"])
+                                  "runner", "raw-key"])
 def test_artifact_matches_eager_under_random_chunkings(artifacts, checkpoints, name):
     session = open_session(artifacts[name])
     model = eager(checkpoints, name)
@@ -82,14 +82,47 @@ def test_manifest_records_parity_and_provenance(artifacts, checkpoints):
     assert manifest_of(artifacts["xnnpack-twin"])["gamma_k"] == 0.0
 
 
+def test_raw_key_form_has_plain_llama_io_and_caches_the_raw_keys(artifacts, checkpoints,
+                                                                  tmp_path):
+    """The raw-key graph's I/O is a plain Llama decoder's (the twin's, plus the mask and the
+    positions clients feed), its cache after a sequence holds the eager model's raw post-RoPE
+    keys, and a model with a query shear is refused before anything is written."""
+    import onnx
+
+    graph = onnx.load(artifacts["raw-key"] / "model.onnx").graph
+    twin = onnx.load(artifacts["onnx-twin"] / "model.onnx").graph
+    twin_inputs = [i.name for i in twin.input]
+    assert [i.name for i in graph.input] == (twin_inputs[:1] + ["attention_mask", "position_ids"]
+                                             + twin_inputs[1:])
+    assert [o.name for o in graph.output] == [o.name for o in twin.output]
+    tokens = np.random.default_rng(3).integers(0, 64, size=11)
+    session = open_session(artifacts["raw-key"])
+    session.feed(tokens[:4])
+    session.feed(tokens[4:])
+    model = eager(checkpoints, "raw-key")
+    with torch.no_grad():
+        _, _, raws = model.forward_with_state(torch.from_numpy(tokens)[None], model.empty_state())
+    for layer, raw in enumerate(raws):
+        assert np.abs(session.state[f"{layer}.key"] - raw["key"].numpy()).max() <= 1e-5
+    assert set(session.state) == {"0.key", "0.value", "1.key", "1.value"}
+    with pytest.raises(PsaEdgeError, match="query shear .* needs the explicit-state form"):
+        run_export(ExportRequest(checkpoints["symmetric"], "onnx", tmp_path / "q", MAX_LEN,
+                                 form="raw-key"))
+    assert not (tmp_path / "q").exists()
+
+
 def test_onnx_side_files_follow_the_form(artifacts):
-    """Both ONNX forms carry the Hugging Face configs; only the explicit-state form, whose
-    past/present I/O onnxruntime-genai feeds, carries genai_config.json."""
-    for name, genai in (("onnx", True), ("fused", False)):
+    """Every ONNX folder carries the Hugging Face configs, without an auto_map to code it does
+    not hold; genai_config.json only where onnxruntime-genai feeds every input: the twin's
+    explicit-state graph, not the PSA one's slots or the fused form's input_pos (the raw-key
+    form's: tests/test_clients.py)."""
+    for name, genai in (("onnx", False), ("onnx-twin", True), ("fused", False)):
         files = set(manifest_of(artifacts[name])["files"])
         assert {"model.onnx", "config.json", "generation_config.json"} <= files
         assert ("genai_config.json" in files) == genai
         assert (artifacts[name] / "genai_config.json").exists() == genai
+        config = json.loads((artifacts[name] / "config.json").read_text())
+        assert config["model_type"] == "llama" and "auto_map" not in config
 
 
 def onnx_shears(path):

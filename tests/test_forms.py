@@ -63,11 +63,13 @@ class ToyForm(contract.ExplicitStateForm):
     name = "toy"
     targets = ("onnx",)
     schemes = ("int8-dynamic",)
-    genai_config = False
     past_name = "cache_in.{layer}.{field}"
     present_name = "cache_out.{layer}.{field}"
     raw_name = "raw_out.{stream}"
     suffix = "toy"
+
+    def onnx_clients(self, io):
+        return ()
 
 
 @pytest.fixture

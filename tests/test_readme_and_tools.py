@@ -1,7 +1,8 @@
-"""The README is for users and true: at most 15 KB, every command in it run here (its walk) or
-by CI itself (`make demo`, `make test`); and `tools/`, which regenerates the results pages,
-stays small, imports only the package's public API and its own `common`, and every tool at
-least starts (`--help`), so a refactor of the package cannot break one silently."""
+"""The README is for users and true: at most 15 KB, every command in it run here (its walk and,
+in tests/test_clients.py, its client commands) or by CI itself (`make demo`, `make test`); and
+`tools/`, which regenerates the results pages, stays small, imports only the package's public
+API and its own `common`, and every tool at least starts (`--help`), so a refactor of the
+package cannot break one silently."""
 
 import ast
 import re
@@ -38,8 +39,11 @@ def test_the_readme_is_short_and_every_command_in_it_runs_here_or_in_ci():
     text = README.read_text()
     assert len(text.encode()) <= 15_000
     walk = text.split("<!-- walk:begin -->")[1].split("<!-- walk:end -->")[0]
-    others = [c for c in shell_commands(text) if c not in shell_commands(walk)]
+    clients = text.split("## In other clients")[1].split("```python")[0]
+    others = [c for c in shell_commands(text)
+              if c not in shell_commands(walk) + shell_commands(clients)]
     assert others == ["make demo", "make test"]  # CI runs both (.ci/run, test_cli's demo)
+    assert len(shell_commands(clients)) == 3  # tests/test_clients.py runs them (`shipped`)
 
 
 def test_the_readmes_walk_runs_as_written(tmp_path, monkeypatch):

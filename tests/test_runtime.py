@@ -20,7 +20,7 @@ from psa_edge.runtime.session import Session, open_session
 from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter, ShiftedDrafter,
                                           speculative_generate)
 
-BACKENDS = ["onnx", "xnnpack", "runner", "fused"]
+BACKENDS = ["onnx", "xnnpack", "runner", "fused", "raw-key"]
 TOL = 1e-4
 
 
@@ -55,10 +55,11 @@ def test_prefix_state_restored_for_several_continuations(artifacts, checkpoints,
         assert np.abs(reused - expected).max() <= scale_tol(expected)
 
 
-@pytest.mark.parametrize("name", ["onnx", "xnnpack"])
+@pytest.mark.parametrize("name", ["onnx", "xnnpack", "raw-key"])
 @pytest.mark.parametrize("kept", [0, 2, 5])
 def test_rollback_equals_a_sequence_that_never_saw_the_rejected_tokens(artifacts, name, kept):
-    """State compared, not only logits: caches and both slots (the model is symmetric)."""
+    """State compared, not only logits: caches and both slots (the model is symmetric; the
+    raw-key form's key-only model has the caches alone, and its rollback is a truncation)."""
     session = open_session(artifacts[name])
     rng = np.random.default_rng(kept)
     prefix, proposed = rng.integers(0, 64, size=11), rng.integers(0, 64, size=5)
@@ -68,7 +69,8 @@ def test_rollback_equals_a_sequence_that_never_saw_the_rejected_tokens(artifacts
     clean = open_session(artifacts[name])
     clean.feed(np.concatenate([prefix, proposed[:kept]]))
     assert set(session.state) == set(clean.state)
-    assert {k.split(".")[1] for k in session.state} == {"key", "value", "prev_key", "prev_query"}
+    fields = {"key", "value"} | ({"prev_key", "prev_query"} if name != "raw-key" else set())
+    assert {k.split(".")[1] for k in session.state} == fields
     for key, value in clean.state.items():
         assert session.state[key].shape == value.shape
         assert np.abs(session.state[key] - value).max() <= 1e-5, key
@@ -352,7 +354,7 @@ def test_plain_sampling_with_top_k_and_top_p_has_the_targets_distribution(small_
 
 # --------------------------------------------------------------------------- verify
 
-@pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable", "runner", "fused"])
+@pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable", "runner", "fused", "raw-key"])
 def test_verify_passes_on_float_artifacts(artifacts, checkpoints, name):
     variant = CASES[name][0]
     twin = {"onnx": "onnx-twin", "runner": "runner-twin", "fused": "fused-twin"}.get(name)

@@ -1,12 +1,10 @@
 """Language models on text: training on a corpus, the tokenizer that travels with every artifact
-(read back by Hugging Face `tokenizers`, `PreTrainedTokenizerFast` and ExecuTorch's
-`TextLLMRunner`), the metrics against hand computations, text generation, and bad input."""
+(read back by Hugging Face `tokenizers` and `PreTrainedTokenizerFast`; by ExecuTorch's
+`TextLLMRunner` in tests/test_clients.py), the metrics against hand computations, text generation, and bad input."""
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -117,27 +115,6 @@ def test_generate_streams_text_and_stops_at_a_stop_string(text_model):
     before = report["text"][:report["text"].index(stop)]
     assert stopped.returncode == 0 and stopped.stdout == before + "\n", stopped.stdout
     assert "stop_string" in stopped.stderr
-
-
-def test_text_llm_runner_writes_what_psa_edge_generates(text_model):
-    script = """
-import json, sys
-from executorch.extension.llm.custom_ops import custom_ops  # the form's llama kernels
-from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-runner = TextLLMRunner(sys.argv[1] + "/model.pte", sys.argv[1] + "/tokenizer.json")
-pieces = []
-runner.generate(sys.argv[2], GenerationConfig(echo=False, max_new_tokens=16, temperature=0.0),
-                token_callback=pieces.append)
-print(json.dumps("".join(pieces)))
-"""
-    prompt = "from json import "
-    result = subprocess.run([sys.executable, "-c", script, str(text_model["runner"]), prompt],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    theirs = json.loads(result.stdout.strip().splitlines()[-1])
-    ours = json.loads(cli("generate", text_model["runner"], "--prompt", prompt, "-n", "16",
-                          "--json").stdout)
-    assert ours["text"].startswith(theirs) and len(theirs) > 0
 
 
 @pytest.mark.parametrize("make,message", [

@@ -28,6 +28,8 @@ class Graph:
     def step(self, tokens: np.ndarray, state: State) -> tuple[np.ndarray, State, State]:
         io = self.io
         feeds = {"input_ids": tokens.reshape(1, -1)}
+        past_len = state[io.cache_io[0][0]].shape[2]
+        feeds.update(io.spec.feeds(io, tokens.size, past_len))
         feeds.update((name_in, state[key]) for key, name_in in io.state_io)
         out = self.run(feeds)
         new_state = {key: out[name_out] for key, _, name_out in io.cache_io}

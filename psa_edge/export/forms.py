@@ -17,6 +17,11 @@ state lives (`LayerCache`). Names and shapes come from `contract.GraphIO`.
   input_pos - 1 (zero at input_pos 0, the causal zero state), so calling it at an earlier
   position rolls it back (speculative decoding, prefix reuse) as long as that row is in reach.
 
+- `RawKeyModule`: plain Llama's I/O, `(input_ids [1, S], attention_mask [1, P + S],
+  position_ids [1, S], *past) -> (logits, *present)`, caches of raw post-RoPE keys that each
+  layer shears whole on every call (`RawKeyCache`): the cost of needing no state beside the
+  cache is the shear over all P + S cached positions, not S; on the scores `[Hkv, group S,
+  P + S]` (the shear is linear in the key), not on the keys `[Hkv, P + S, dh]`.
 - `FusedExport`: ONNX Runtime's fused contrib operators over static in-place caches, written
   directly as an ONNX graph (`psa_edge/export/onnx_fused.py`).
 
@@ -34,7 +39,7 @@ from torch import Tensor, nn
 
 from psa_edge.contract import CACHE_FIELDS, GraphIO, runner_methods
 from psa_edge.model.config import ModelConfig
-from psa_edge.model.transformer import LayerCache, PSATransformer
+from psa_edge.model.transformer import LayerCache, PSATransformer, attend
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,53 @@ class RunnerModule(nn.Module):
         return self.model.decode(tokens, rows.positions, caches, 1)
 
 
+class RawKeyCache(LayerCache):
+    """One layer's raw-key cache: the chunk's raw keys are concatenated onto the past raw
+    keys (what the graph returns as `present`), and attention shears all of them from the
+    sequence's start, `x_{-1}` = 0 (the causal zero state), on its scores (`ops.shear_scores`).
+    `padding` `[1, P + S]` (0, or -inf where attention_mask is 0) is added to the scores: a
+    client's mask, all zeros for batch 1 without padding."""
+
+    def __init__(self, cfg: ModelConfig, past: dict, padding: Tensor):
+        super().__init__(cfg, past)
+        self.padding = padding
+
+    @property
+    def prev_key(self) -> None:  # the keys are sheared in `update`, over the whole cache
+        return None
+
+    def update(self, sheared_key, value, key, query):
+        raw = torch.cat([self.past["key"], key], dim=2)  # [1, Hkv, P + S, dh]
+        values = torch.cat([self.past["value"], value], dim=2)
+        self.state, self.raw = {"key": raw, "value": values}, {}
+        return raw, values
+
+    def attend(self, query, keys, values, bias):
+        """The shear on the scores over the raw keys (`attend`'s `key_shear`): dh times fewer
+        elementwise ops than shearing the P + S cached keys themselves."""
+        return attend(query, keys, values, bias + self.padding, self.cfg.query_group,
+                      self.cfg.gamma_k)
+
+
+class RawKeyModule(nn.Module):
+    def __init__(self, model: PSATransformer, form: str):
+        super().__init__()
+        self.model = model
+        self.io = graph_io(model.cfg, model.cfg.max_position_embeddings, form)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                *past: Tensor) -> tuple[Tensor, ...]:
+        # -inf where a client masks a position out, 0 elsewhere (not (mask - 1) * inf: 0 * inf
+        # is NaN).
+        padding = torch.zeros(attention_mask.shape).masked_fill(attention_mask == 0,
+                                                               float("-inf"))  # [1, P + S]
+        caches = [RawKeyCache(self.model.cfg, {"key": past[i], "value": past[i + 1]}, padding)
+                  for i in range(0, len(past), 2)]
+        key_len = past[0].shape[2] + input_ids.shape[1]
+        logits = self.model.decode(input_ids, position_ids[0], caches, key_len)
+        return (logits, *(c.state[f] for c in caches for f in CACHE_FIELDS))
+
+
 def seq_dim(max_len: int):
     from torch.export import Dim
 
@@ -210,6 +262,32 @@ class ExplicitStateExport(FormExport):
         io = graph_io(cfg, max_len, self.name)
         empty = tuple(torch.zeros(io.shape(key.split(".")[1], 0)) for key, _ in io.state_io)
         return [(torch.from_numpy(row)[None], *empty) for row in rows]
+
+
+class RawKeyExport(FormExport):
+    """Every dim dynamic as `Dim.AUTO`: the mask's length is P + S, a sum of two dims that
+    `Dim` cannot state, and AUTO lets torch.export keep it a dim of its own."""
+
+    def module(self, model: PSATransformer, max_len: int) -> nn.Module:
+        return RawKeyModule(model, self.name).eval()
+
+    def inputs(self, cfg: ModelConfig, max_len: int, tokens: Tensor, past_len: int) -> tuple:
+        io = graph_io(cfg, max_len, self.name)
+        seq_len = tokens.shape[1]
+        past = tuple(torch.zeros(io.shape(key.split(".")[1], past_len)) for key, _ in io.state_io)
+        positions = torch.arange(past_len, past_len + seq_len)[None]  # [1, S]
+        return (tokens, torch.ones(1, past_len + seq_len, dtype=torch.long), positions, *past)
+
+    def methods(self, cfg: ModelConfig, max_len: int) -> dict[str, Example]:
+        from torch.export import Dim
+
+        inputs = self.inputs(cfg, max_len, torch.zeros(1, 3, dtype=torch.long), 4)
+        chunk = ({1: Dim.AUTO},) * 3  # input_ids, attention_mask, position_ids
+        past = tuple({2: Dim.AUTO} for _ in inputs[3:])
+        return {"forward": Example(inputs, (*chunk, past), (*chunk, *past))}
+
+    def calibration_inputs(self, cfg: ModelConfig, max_len: int, rows) -> list[tuple]:
+        return [self.inputs(cfg, max_len, torch.from_numpy(row)[None], 0) for row in rows]
 
 
 class RunnerExport(FormExport):

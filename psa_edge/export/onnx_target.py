@@ -56,16 +56,17 @@ class OnnxTarget:
 
     def side_files(self, cfg, max_len: int, form: str) -> dict[str, dict]:
         """What ONNX clients read beside the graph: config.json and generation_config.json
-        (optimum's ORTModelForCausalLM) and, for a form whose I/O onnxruntime-genai feeds
-        (`GraphForm.genai_config`: the explicit-state form's past/present I/O, not the fused
-        form's input_pos and logits_to_keep), genai_config.json."""
-        from psa_edge.contract import get_form
+        (optimum's ORTModelForCausalLM, transformers) and, for a form whose I/O
+        onnxruntime-genai feeds (`GraphForm.onnx_clients`: the raw-key form, and the
+        explicit-state form without slots; not the fused form's input_pos and logits_to_keep),
+        genai_config.json."""
         from psa_edge.hf.convert import genai_config, generation_config, llama_config
 
-        files = {"config.json": llama_config(cfg), "generation_config.json":
-                 generation_config(cfg)}
-        if get_form(form).genai_config:
-            files["genai_config.json"] = genai_config(cfg, max_len)
+        io = graph_io(cfg, max_len, form)
+        files = {"config.json": llama_config(cfg, remote_code=False),
+                 "generation_config.json": generation_config(cfg)}
+        if "onnxruntime-genai" in io.spec.onnx_clients(io):
+            files["genai_config.json"] = genai_config(cfg, max_len, io.spec.genai_inputs(io))
         return files
 
     def lower(self, exported, form, cfg, max_len: int) -> tuple[bytes, None]:

@@ -44,14 +44,18 @@ def transformers_version() -> str | None:
         return None
 
 
-def llama_config(cfg) -> dict:
-    """config.json of a model config (`ModelConfig`): a Llama config, plus the shear and the
-    remote code that implements it when there is one."""
+def llama_config(cfg, remote_code: bool = True, dtype: str = "float32") -> dict:
+    """config.json of a model config (`ModelConfig`): a Llama config, plus the shear and, with
+    `remote_code` (an export-hf folder, which carries modeling_psa.py), the remote code that
+    implements it. An ONNX folder holds no torch code to point at: its config stays a
+    `llama` one that optimum reads, with the shear's fields beside it."""
     config = {**cfg.to_llama_dict(), "architectures": ["LlamaForCausalLM"],
-              "model_type": "llama", "torch_dtype": "float32", "use_cache": True,
+              "model_type": "llama", "torch_dtype": dtype, "use_cache": True,
               "rope_scaling": None, "attention_dropout": 0.0, "initializer_range": 0.02,
               "pretraining_tp": 1, "transformers_version": transformers_version()}
-    if cfg.gamma_q or cfg.gamma_k:
+    if (cfg.gamma_q or cfg.gamma_k) and not remote_code:
+        config.update(gamma_q=cfg.gamma_q, gamma_k=cfg.gamma_k, psa_variant=cfg.variant)
+    elif cfg.gamma_q or cfg.gamma_k:
         config.update(architectures=["PSAForCausalLM"], model_type="psa_llama",
                       gamma_q=cfg.gamma_q, gamma_k=cfg.gamma_k, psa_variant=cfg.variant,
                       auto_map={"AutoConfig": "modeling_psa.PSAConfig",
@@ -66,21 +70,25 @@ def generation_config(cfg) -> dict:
             "transformers_version": transformers_version()}
 
 
-def genai_config(cfg, max_len: int, filename: str = MODEL_FILES["onnx"]) -> dict:
-    """onnxruntime-genai's genai_config.json for an explicit-state ONNX graph."""
-    eos = cfg.eos_token_id if cfg.eos_token_id is not None else cfg.vocab_size
+def genai_config(cfg, max_len: int, inputs: dict, filename: str = MODEL_FILES["onnx"]
+                 ) -> dict:
+    """onnxruntime-genai's genai_config.json for an ONNX graph it feeds `inputs`
+    (`GraphForm.genai_inputs`)."""
+    # A vocabulary without an end-of-text token stops on no id: onnxruntime-genai 0.18 takes
+    # an empty list, and refuses an id outside [0, vocab) (it refused vocab_size, the id
+    # psa-edge once wrote). The pad id only fills batch rows: any in-range id.
+    eos = cfg.eos_token_id
     return {"model": {
-        "type": "llama", "bos_token_id": cfg.bos_token_id or 0, "eos_token_id": eos,
-        "pad_token_id": eos, "vocab_size": cfg.vocab_size, "context_length": max_len,
+        "type": "llama", "bos_token_id": cfg.bos_token_id or 0,
+        "eos_token_id": [] if eos is None else eos, "pad_token_id": eos or 0,
+        "vocab_size": cfg.vocab_size, "context_length": max_len,
         "decoder": {"filename": filename, "session_options": {"log_id": "psa-edge",
                                                               "provider_options": []},
                     "head_size": cfg.head_dim, "hidden_size": cfg.hidden_size,
                     "num_attention_heads": cfg.num_attention_heads,
                     "num_key_value_heads": cfg.num_key_value_heads,
                     "num_hidden_layers": cfg.num_hidden_layers,
-                    "inputs": {"input_ids": "input_ids",
-                               "past_key_names": "past_key_values.%d.key",
-                               "past_value_names": "past_key_values.%d.value"},
+                    "inputs": inputs,
                     "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
                                 "present_value_names": "present.%d.value"}}},
         "search": {"do_sample": False, "max_length": max_len, "min_length": 0, "num_beams": 1,
@@ -232,19 +240,23 @@ def import_hf(folder: Path, output: Path, variant: str | None = None,
 def export_hf(checkpoint: Path, folder: Path) -> Path:
     from safetensors.torch import save
 
-    from psa_edge.model.checkpoint import load_checkpoint, tokenizer_of
+    from psa_edge.model.checkpoint import model_of, read_checkpoint, tokenizer_of
 
     check_output(folder, directory=True)
     refuse_overlap([folder], [checkpoint, manifest_path(checkpoint)])
-    model, _ = load_checkpoint(checkpoint)
+    payload = read_checkpoint(checkpoint)
+    model = model_of(payload, checkpoint)
     cfg = model.cfg
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    # The checkpoint's own weight dtype (float16 / bfloat16 round-trip through the float32
+    # model exactly): a 4.85 MB float16 checkpoint stays 4.85 MB, not 9.45 MB of float32.
+    dtype = payload["state_dict"]["model.embed_tokens.weight"].dtype
+    state = {k: v.to(dtype).contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:  # one storage: safetensors stores it once, under its own name
         state.pop("lm_head.weight")
     with atomic_directory(folder) as tmp:
         # To bytes first: a full disk is then an OSError, which the atomic folder reports.
         (tmp / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
-        write_json(tmp / "config.json", llama_config(cfg))
+        write_json(tmp / "config.json", llama_config(cfg, dtype=str(dtype).split(".")[-1]))
         write_json(tmp / "generation_config.json", generation_config(cfg))
         tokenizer_of(model).write(tmp, cfg.max_position_embeddings)
         if cfg.gamma_q or cfg.gamma_k:

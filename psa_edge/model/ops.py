@@ -79,3 +79,13 @@ def shear(x: Tensor, prev: Tensor, gamma: float) -> Tensor:
     """Upper shear `x + gamma * (x - x_prev)`; `prev` is the element before this chunk."""
     momentum = x - previous(x, prev)
     return momentum * gamma + x
+
+
+
+def shear_scores(scores: Tensor, gamma: float) -> Tensor:
+    """The key shear applied to attention scores `[..., rows, T]` over raw keys from a
+    sequence's start: along the key axis (dim -1), with a zero score before the first key
+    (the causal zero state). Equal to the scores of the sheared keys, since the shear is linear
+    in the key. Concatenate first, then drop the last column, as `previous` does."""
+    shifted = torch.cat([torch.zeros_like(scores[..., :1]), scores], dim=-1)[..., :-1]
+    return (scores - shifted) * gamma + scores

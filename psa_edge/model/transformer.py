@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from psa_edge.model.config import ModelConfig
 from psa_edge.model.ops import (apply_rope, causal_bias, last, rms_norm, rope_cos_sin,
-                                rope_inv_freq, shear)
+                                rope_inv_freq, shear, shear_scores)
 
 LayerState = dict[str, Tensor]
 
@@ -70,9 +70,10 @@ class Attention(nn.Module):
     def shear_streams(self, query: Tensor, key: Tensor, prev_query: Tensor | None,
                       prev_key: Tensor | None) -> tuple[Tensor, Tensor]:
         """The sheared query and key (docs/reference/spec.md §1); a stream with gamma = 0 passes
-        unchanged."""
+        unchanged, and so does a key with no slot (`prev_key` None: a cache of raw keys that
+        shears them itself, the raw-key form's)."""
         cfg = self.cfg
-        if cfg.gamma_k != 0:
+        if cfg.gamma_k != 0 and prev_key is not None:
             key = shear(key, prev_key, cfg.gamma_k)
         if cfg.gamma_q != 0:
             query = shear(query, prev_query, cfg.gamma_q)
@@ -87,9 +88,15 @@ class Attention(nn.Module):
         return self.o_proj(cache.attend(sheared_query, keys, values, bias))
 
 
-def attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, group: int) -> Tensor:
+def attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, group: int,
+           key_shear: float = 0.0) -> Tensor:
     """Causal softmax attention of sheared queries `[B, H, S, dh]` over cached sheared keys and
     values `[B, Hkv, T, dh]`; the heads merged, `[B, S, H dh]`.
+
+    `key_shear` gamma != 0: the keys are raw, all T of them from the sequence's start, and the
+    shear is applied to the scores along the key axis instead, q.k^_j = q.k_j + gamma (q.k_j -
+    q.k_{j-1}) (the shear is linear in the key): `[B, Hkv, group S, T]` elementwise ops where
+    shearing the keys takes `[B, Hkv, T, dh]`, dh times more (the raw-key form's cache).
 
     GQA as llama.cpp computes it: the `group` query heads that share a KV head are stacked
     along the sequence, `[B, Hkv, group * S, dh]`, and read that head's cache as it is; `bias`
@@ -99,7 +106,10 @@ def attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, group: int
     b, _, s, dh = query.shape
     if group > 1:
         query = query.reshape(b, -1, group * s, dh)
-    scores = query @ keys.transpose(-1, -2) / math.sqrt(dh) + bias
+    scores = query @ keys.transpose(-1, -2)  # [B, Hkv, group S, T]
+    if key_shear != 0:
+        scores = shear_scores(scores, key_shear)
+    scores = scores / math.sqrt(dh) + bias
     out = torch.softmax(scores, dim=-1) @ values
     if group > 1:
         # Not reshape(b, heads, s, dh): torch.export cannot prove that reshape's contiguity
