@@ -327,11 +327,13 @@ def export(
         print_summary(manifest, request.output or request.default_output())
 
 
-@app.command(name="import-hf", short_help="A transformers Llama folder to a checkpoint.")
+@app.command(name="import-hf", short_help="A transformers Llama folder or a GGUF file to a "
+             "checkpoint.")
 def import_hf_cmd(
-    folder: Path = typer.Argument(..., metavar="FOLDER",
+    folder: Path = typer.Argument(..., metavar="SOURCE",
                                   help="A LlamaForCausalLM save_pretrained folder "
-                                  "(config.json, safetensors, tokenizer.json)."),
+                                  "(config.json, safetensors, tokenizer.json), or a llama.cpp "
+                                  "GGUF file of a Llama model."),
     output: Path = typer.Option(..., "-o", "--output", callback=OUTPUT_FILE,
                                 help="Checkpoint to write (model.pt)."),
     variant: Optional[str] = typer.Option(
@@ -341,8 +343,9 @@ def import_hf_cmd(
     gamma: Optional[float] = typer.Option(None, callback=number(0, 100),
                                           help="Shear strength (default 0.8; 0 for baseline)."),
 ) -> None:
-    """Read a Hugging Face Llama model (weights with safetensors, never unpickled) into a
-    psa-edge checkpoint with the chosen shear; fine-tune it with `train --init`."""
+    """Read a Hugging Face Llama model (weights with safetensors, never unpickled) or a GGUF
+    file (dequantized, its tokenizer rebuilt) into a psa-edge checkpoint with the chosen shear;
+    fine-tune it with `train --init`."""
     from psa_edge.hf.convert import import_hf
 
     manifest = import_hf(folder, output, variant, gamma)

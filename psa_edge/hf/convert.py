@@ -189,19 +189,31 @@ def read_safetensors(paths: list[Path]) -> dict:
     return tensors
 
 
-def import_hf(folder: Path, output: Path, variant: str | None = None,
+def import_hf(source: Path, output: Path, variant: str | None = None,
               gamma: float | None = None) -> dict:
+    """`source`: a save_pretrained folder or a llama.cpp GGUF file (`hf/gguf.py`)."""
+    from psa_edge.hf.gguf import is_gguf, read_gguf
     from psa_edge.model.config import ModelConfig, gammas_for
     from psa_edge.tokenizer import Tokenizer
 
-    folder, output = Path(folder), Path(output)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder} is not a folder (a save_pretrained layout)")
+    source, output = Path(source), Path(output)
+    gguf = source.is_file() and is_gguf(source)
+    if not gguf and not source.is_dir():
+        raise CheckpointError(f"{source} is neither a folder (a save_pretrained layout) nor a "
+                              f"GGUF file")
     check_output(output)
-    refuse_overlap([output, manifest_path(output)], [p for p in folder.iterdir() if p.is_file()])
-    config = read_json(folder / "config.json", "the model's config")
-    check_llama(config, folder / "config.json")
-    if variant is None:  # the folder's own shear (a psa-edge export), else none
+    files = [source] if gguf else [p for p in source.iterdir() if p.is_file()]
+    refuse_overlap([output, manifest_path(output)], files)
+    if gguf:
+        model_file = read_gguf(source)
+        config, where, chat = model_file.config, source, model_file.chat
+        tokenizer = Tokenizer(model_file.tokenizer)
+    else:
+        where, chat = source / "config.json", {}
+        config = read_json(where, "the model's config")
+        check_llama(config, where)
+        tokenizer = Tokenizer.from_file(source / "tokenizer.json")
+    if variant is None:  # the source's own shear (a psa-edge export), else none
         variant = config.get("psa_variant", "baseline")
         gamma = gamma if gamma is not None else config.get("gamma_k") or config.get("gamma_q")
     gamma_q, gamma_k = gammas_for(variant, gamma)
@@ -209,18 +221,18 @@ def import_hf(folder: Path, output: Path, variant: str | None = None,
         cfg = ModelConfig(**{k: config[k] for k in LLAMA_FIELDS if k in config},
                           gamma_q=gamma_q, gamma_k=gamma_k, variant=variant)
     except (TypeError, PsaEdgeError) as exc:
-        raise ConfigError(f"{folder / 'config.json'}: {exc}")
-    tokenizer = Tokenizer.from_file(folder / "tokenizer.json")
+        raise ConfigError(f"{where}: {exc}")
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model "
                           f"{cfg.vocab_size}")
-    weights = weight_files(folder)
-    import torch  # after every check of the folder, so that a bad one is refused at once
+    weights = None if gguf else weight_files(source)
+    import torch  # after every check of the source, so that a bad one is refused at once
 
     from psa_edge.model.checkpoint import save_checkpoint
     from psa_edge.model.transformer import PSATransformer
 
-    tensors = read_safetensors(weights)
+    tensors = ({k: torch.from_numpy(v) for k, v in model_file.weights().items()} if gguf
+               else read_safetensors(weights))
     if cfg.tie_word_embeddings:
         tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
     model = PSATransformer(cfg)
@@ -228,13 +240,13 @@ def import_hf(folder: Path, output: Path, variant: str | None = None,
         model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()
                                if not k.endswith("rotary_emb.inv_freq")}, strict=True)
     except (RuntimeError, AttributeError) as exc:
-        raise CheckpointError(f"{folder}: the weights do not match its config "
-                              f"({str(exc).splitlines()[0][:140]})")
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise CheckpointError(f"{source}: the weights do not match its config "
+                              f"({' '.join(lines[:2])[:160]})")
     model.tokenizer = tokenizer
     return save_checkpoint(output, model, {
-        "task": None, "imported": {"folder": str(folder), "config": config,
-                                   "files": {p.name: sha256_file(p)
-                                             for p in sorted(folder.iterdir()) if p.is_file()}}})
+        "task": None, "imported": {"folder": str(source), "config": config, "chat": chat,
+                                   "files": {p.name: sha256_file(p) for p in sorted(files)}}})
 
 
 def export_hf(checkpoint: Path, folder: Path) -> Path:
