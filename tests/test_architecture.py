@@ -30,7 +30,7 @@ LAYERS = {
 TOP = {"cli", "demo"}  # may import anything
 # model.config: the CLI checks preset and variant names with it before it imports torch.
 TORCH_FREE = {"errors", "contract", "io", "tokenizer", "display", "theory", "tasks", "runtime",
-              "backends.base", "backends.onnxruntime", "model.config"}
+              "backends.base", "backends.onnxruntime", "model.config", "hf.gguf"}
 # Torch-free at import: torch only inside the functions that build the eager reference.
 TORCH_LAZY = {"checks", "cli", "demo"}
 DEVICE_FORBIDDEN = {"export", "model", "train", "checks", "backends.eager"}

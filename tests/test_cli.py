@@ -107,7 +107,7 @@ def test_help_is_fast_and_torch_free():
     (["export", "model.pt", "-o", "model.pt"], "model.pt exists and is not a psa-edge artifact"),
     (["export", "model.pt", "--group-size", "64"], "--group-size needs --quantize int4"),
     (["export-hf", "model.pt", "-o", "missing/hf"], "output directory missing does not exist"),
-    (["import-hf", "nope", "-o", "m.pt"], "nope is not a folder"),
+    (["import-hf", "nope", "-o", "m.pt"], "nope is neither a folder"),
     (["import-hf", ".", "-o", "m.pt"], ". has no config.json"),
     (["import-hf", ".", "-o", "missing/m.pt"], "output directory missing does not exist"),
 ])

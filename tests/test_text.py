@@ -1,6 +1,7 @@
 """Language models on text: training on a corpus, the tokenizer that travels with every artifact
 (read back by Hugging Face `tokenizers` and `PreTrainedTokenizerFast`; by ExecuTorch's
-`TextLLMRunner` in tests/test_clients.py), the metrics against hand computations, text generation, and bad input."""
+`TextLLMRunner` in tests/test_clients.py), the metrics against hand computations, text
+generation, and bad input."""
 
 import json
 import os

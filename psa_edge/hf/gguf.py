@@ -3,10 +3,11 @@
 package (llama.cpp's own reader), no torch.
 
 Contract: `read_gguf(path)` returns a `GgufModel`: `config` (the Hugging Face Llama config
-fields), `weights()` (Hugging Face names -> float32 arrays, dequantized from F32, F16, BF16,
-Q8_0, Q4_0, Q4_1, Q4_K or Q6_K by the gguf package, read when asked), `tokenizer` (a tokenizer.json text rebuilt from
-the metadata: vocabulary, merges, special tokens, the pre-tokenizer llama.cpp names) and
-`chat` (the chat template, BOS / EOS ids, add_bos). What psa-edge's model does not implement
+fields, BOS and EOS ids among them), `weights()` (Hugging Face names -> float32 arrays,
+dequantized from F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K by the gguf package, read
+when asked), `tokenizer` (a tokenizer.json text rebuilt from the metadata: vocabulary, merges,
+special tokens, the pre-tokenizer llama.cpp names) and `chat` (the chat template and
+add_bos). What psa-edge's model does not implement
 (another architecture, RoPE scaling, a head size other than hidden / heads, a tokenizer model
 other than byte-level BPE, a pre-tokenizer it cannot rebuild, another tensor type) is refused
 in one line naming it, as is a file the gguf package cannot read.
