@@ -116,10 +116,11 @@ def library_check(module: str, function: str, **options):
 
 
 # Outputs that cannot be written: a missing or read-only parent, a folder where a file goes, a
-# folder that is not an artifact's (the library checks them again beside the inputs they must
+# folder that is not one psa-edge wrote, of that kind (the library checks them again beside the inputs they must
 # not overwrite, which needs every argument).
 OUTPUT_FILE = library_check("psa_edge.io", "check_output")
 OUTPUT_FOLDER = library_check("psa_edge.io", "check_output", directory=True)
+HF_OUTPUT_FOLDER = library_check("psa_edge.io", "check_hf_output")
 
 
 @app.command(short_help="Train a model; write checkpoint, metrics, curve.")
@@ -358,7 +359,7 @@ def import_hf_cmd(
 def export_hf_cmd(
     checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
                                       callback=input_file("checkpoint"), help="model.pt"),
-    output: Path = typer.Option(..., "-o", "--output", callback=OUTPUT_FOLDER,
+    output: Path = typer.Option(..., "-o", "--output", callback=HF_OUTPUT_FOLDER,
                                 help="Folder to write (new, or one psa-edge wrote before)."),
 ) -> None:
     """Write the save_pretrained layout: config.json, model.safetensors, generation and tokenizer

@@ -70,14 +70,46 @@ def sweep_stale(path: Path) -> None:
 
 
 def is_artifact_dir(path: Path) -> bool:
+    """A folder to read as an artifact (`read_artifact` then checks its manifest)."""
     return path.is_dir() and (path / MANIFEST).is_file()
 
 
+class WrittenHere:
+    """The output rule for folders: a folder psa-edge may replace is one it can prove it wrote
+    as `kind` ("artifact", "hf-export"): its manifest is psa-edge's, of that kind, and the
+    folder holds exactly the regular files the manifest lists, and the manifest. A folder with
+    any other file or a subfolder (a user's folder that happens to hold a manifest.json), or
+    one of the other kind, is refused, never replaced."""
+
+    def __init__(self, kind: str, what: str):
+        self.kind, self.what = kind, what
+
+    def __call__(self, path: Path) -> bool:
+        if not path.is_dir() or path.is_symlink():
+            return False
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            return False
+        if not isinstance(manifest, dict) or manifest.get("kind") != self.kind:
+            return False
+        files = manifest.get("files")
+        if not isinstance(files, dict) or MANIFEST in files:
+            return False
+        entries = {entry.name: entry for entry in os.scandir(path)}
+        return set(entries) == set(files) | {MANIFEST} and all(
+            entry.is_file(follow_symlinks=False) for entry in entries.values())
+
+
+ARTIFACT_FOLDER = WrittenHere("artifact", "artifact folder")
+HF_EXPORT_FOLDER = WrittenHere("hf-export", "export-hf folder")
+
+
 def check_output(path: str | os.PathLike, directory: bool = False,
-                 replaceable=is_artifact_dir) -> None:
+                 replaceable=ARTIFACT_FOLDER) -> None:
     """Refuse an output that cannot be written: a missing or read-only parent; for a file, a
     directory or anything but a regular file at the path; for a folder, anything there that is
-    not `replaceable` (by default an artifact folder)."""
+    not `replaceable` (by default an artifact folder psa-edge wrote, `WrittenHere`)."""
     path = Path(path)
     parent = path.parent
     if not parent.is_dir():
@@ -92,10 +124,16 @@ def check_output(path: str | os.PathLike, directory: bool = False,
         raise OutputError(f"{path} is a directory; name a file to write")
     if not directory and path.exists() and not path.is_file():
         raise OutputError(f"{path} exists and is not a regular file")
-    if directory and path.exists() and not replaceable(path):
-        raise OutputError(f"{path} exists and is not a psa-edge artifact folder; "
-                          f"choose another output")
+    if directory and (path.exists() or path.is_symlink()) and not replaceable(path):
+        what = getattr(replaceable, "what", "folder psa-edge may replace")
+        raise OutputError(f"{path} exists and is not an {what} psa-edge wrote (its manifest "
+                          f"does not list exactly the files it holds); choose another output")
     sweep_stale(path)
+
+
+def check_hf_output(path: str | os.PathLike) -> None:
+    """`check_output` of an export-hf folder: what is there must be one export-hf wrote."""
+    check_output(path, directory=True, replaceable=HF_EXPORT_FOLDER)
 
 
 def not_a_file(path: str | os.PathLike) -> str | None:
@@ -179,7 +217,7 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike, replaceable=is_artifact_dir):
+def atomic_directory(path: str | os.PathLike, replaceable=ARTIFACT_FOLDER):
     """A temporary folder beside `path`, put in its place on a clean exit, removed on any
     exception. What is at `path` already must be `replaceable` (by default an artifact folder);
     it is swapped out in one step where the kernel can (Linux), so a reader sees the old

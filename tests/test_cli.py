@@ -104,7 +104,7 @@ def test_help_is_fast_and_torch_free():
     (["train", "-o", "missing/m.pt"], "output directory missing does not exist"),
     (["train", "-o", "."], ". is a directory; name a file to write"),
     (["train", "-o", "m.pt", "--text", "nope/*.py", "--text", "nope"], "nope does not exist"),
-    (["export", "model.pt", "-o", "model.pt"], "model.pt exists and is not a psa-edge artifact"),
+    (["export", "model.pt", "-o", "model.pt"], "model.pt exists and is not an artifact folder"),
     (["export", "model.pt", "--group-size", "64"], "--group-size needs --quantize int4"),
     (["export-hf", "model.pt", "-o", "missing/hf"], "output directory missing does not exist"),
     (["import-hf", "nope", "-o", "m.pt"], "nope is neither a folder"),

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from psa_edge.contract import MODEL_FILES
 from psa_edge.errors import CheckpointError, ConfigError, PsaEdgeError
-from psa_edge.io import (atomic_directory, check_output, manifest_path, refuse_overlap,
-                         sha256_file, write_json)
+from psa_edge.io import (HF_EXPORT_FOLDER, atomic_directory, check_hf_output, check_output,
+                         manifest_path, refuse_overlap, sha256_file, write_json)
 
 REMOTE_CODE = Path(__file__).with_name("modeling_psa.py")
 LLAMA_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -254,7 +254,7 @@ def export_hf(checkpoint: Path, folder: Path) -> Path:
 
     from psa_edge.model.checkpoint import model_of, read_checkpoint, tokenizer_of
 
-    check_output(folder, directory=True)
+    check_hf_output(folder)
     refuse_overlap([folder], [checkpoint, manifest_path(checkpoint)])
     payload = read_checkpoint(checkpoint)
     model = model_of(payload, checkpoint)
@@ -265,7 +265,7 @@ def export_hf(checkpoint: Path, folder: Path) -> Path:
     state = {k: v.to(dtype).contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:  # one storage: safetensors stores it once, under its own name
         state.pop("lm_head.weight")
-    with atomic_directory(folder) as tmp:
+    with atomic_directory(folder, replaceable=HF_EXPORT_FOLDER) as tmp:
         # To bytes first: a full disk is then an OSError, which the atomic folder reports.
         (tmp / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
         write_json(tmp / "config.json", llama_config(cfg, dtype=str(dtype).split(".")[-1]))
@@ -273,6 +273,7 @@ def export_hf(checkpoint: Path, folder: Path) -> Path:
         tokenizer_of(model).write(tmp, cfg.max_position_embeddings)
         if cfg.gamma_q or cfg.gamma_k:
             shutil.copyfile(REMOTE_CODE, tmp / "modeling_psa.py")
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         write_json(tmp / "manifest.json", {"kind": "hf-export", "checkpoint": str(checkpoint),
-                                           "sha256": sha256_file(checkpoint)})
+                                           "sha256": sha256_file(checkpoint), "files": files})
     return Path(folder)
