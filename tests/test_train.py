@@ -190,6 +190,23 @@ def test_a_training_state_whose_optimizer_does_not_fit_is_refused_in_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.state.pt"]
 
 
+@pytest.mark.parametrize("extra,message", [
+    (["--init", "INIT"], "--init and --tokenizer cannot be given with it"),
+    (["--text", "CORPUS"], "is not the corpus the resumed run records"),
+])
+def test_resume_refuses_an_option_it_would_ignore(training_state, tmp_path, extra, message):
+    """Both exited 0 and trained the recorded run, ignoring the option."""
+    state = tmp_path / "m.state.pt"
+    torch.save(training_state, state)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.py").write_text("x = 1\n" * 100)
+    paths = {"INIT": str(REPO / "models" / "psa-default.pt"), "CORPUS": str(tmp_path / "corpus")}
+    result = run("psa_edge.cli", "train", "--resume", state, *[paths.get(a, a) for a in extra],
+                 "-o", tmp_path / "out.pt")
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "out.pt").exists()
+
+
 def test_the_command_line_bounds_are_the_ones_a_training_state_is_checked_by():
     import dataclasses
 

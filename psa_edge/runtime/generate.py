@@ -53,7 +53,9 @@ def distribution(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
         out = np.zeros_like(logits)
         out[int(logits.argmax())] = 1.0
         return out
-    scaled = logits / sampling.temperature
+    # The largest logit moved to 0 first: a tiny temperature (1e-320) then sends the others
+    # to -inf, not every logit to +-inf (whose difference is NaN).
+    scaled = (logits - logits.max()) / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < scaled.size:
         kth = np.partition(scaled, -sampling.top_k)[-sampling.top_k]
         scaled = np.where(scaled >= kth, scaled, -np.inf)

@@ -17,10 +17,15 @@ import sys
 from pathlib import Path
 
 from psa_edge.errors import SequenceError
+from psa_edge.io import not_a_file
 from psa_edge.runtime.generate import Sampling, Stop, generate
 from psa_edge.runtime.session import open_session
 from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter,
                                           speculative_generate)
+
+# A prompt far longer than any artifact's positions (LENGTH_MAX tokens of a few bytes each) is
+# refused by size, before it is read: a 1 GB sparse file, or /dev/zero through a symlink.
+MAX_PROMPT_BYTES = 64 << 20
 
 
 def read_prompt(tokenizer, prompt: str | None, prompt_file: Path | None,
@@ -34,15 +39,31 @@ def read_prompt(tokenizer, prompt: str | None, prompt_file: Path | None,
             raise SequenceError(f"--prompt-ids {prompt_ids!r} is not a comma-separated list "
                                 f"of integers")
     if prompt_file is not None:
-        try:
-            prompt = Path(prompt_file).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SequenceError(f"cannot read --prompt-file {prompt_file}: {exc}")
+        prompt = read_prompt_file(Path(prompt_file))
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (surrogates)
+        raise SequenceError("the prompt is not UTF-8 text")
     ids = tokenizer.encode(prompt)
     if not ids:
         raise SequenceError(f"the prompt {'file ' if prompt_file else ''}is empty: it has no "
                             f"tokens to start from")
     return ids
+
+
+def read_prompt_file(path: Path) -> str:
+    """A prompt file's text: a regular file (not a FIFO, a device or a directory, which are
+    refused before they are opened) of at most MAX_PROMPT_BYTES, UTF-8."""
+    if (problem := not_a_file(path)) is not None:
+        raise SequenceError(f"--prompt-file {path} {problem}")
+    size = path.stat().st_size
+    if size > MAX_PROMPT_BYTES:
+        raise SequenceError(f"--prompt-file {path} holds {size:,} bytes, more than the "
+                            f"{MAX_PROMPT_BYTES:,} a prompt may")
+    try:
+        return path.read_bytes()[:MAX_PROMPT_BYTES].decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SequenceError(f"cannot read --prompt-file {path}: {str(exc)[:120]}")
 
 
 def cut(text: str, strings) -> str:
@@ -83,6 +104,8 @@ def run_generate(session, label: str, prompt, prompt_file, prompt_ids, max_new_t
                  prompt_lookup, threads, as_json) -> dict:
     tokenizer = session.tokenizer
     vocab = session.io.vocab_size
+    if any(s == "" for s in stop or ()):  # "" is in every text: it would stop at once
+        raise SequenceError("--stop takes a non-empty string")
     ids = read_prompt(tokenizer, prompt, prompt_file, prompt_ids)
     eos = session.manifest["config"].get("eos_token_id")
     stops = Stop(frozenset({eos} if isinstance(eos, int) else set(eos or ())), tuple(stop or ()),

@@ -108,8 +108,15 @@ def prepare(spec: TrainSpec, output: Path, init: Path | None = None,
         check_output(path)
     refuse_overlap(outputs_of(output)[:-1], [init, resume, tokenizer])
     state = origin = None
+    if resume is not None and (init is not None or tokenizer is not None):
+        raise ConfigError("--resume continues the run its state records; --init and "
+                          "--tokenizer cannot be given with it")
     if resume is not None:
+        given_text = spec.text
         spec, model, state = resume_start(resume, spec)
+        if given_text is not None and str(given_text) != str(spec.text):
+            raise ConfigError(f"--text {given_text} is not the corpus the resumed run records "
+                              f"({spec.text}); --resume continues that run")
         task = (text_task(spec, model.tokenizer, started) if spec.text else
                 task_from_dict(state["metadata"]["task"]))
     elif init is not None:
