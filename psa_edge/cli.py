@@ -116,8 +116,8 @@ def library_check(module: str, function: str, **options):
 
 
 # Outputs that cannot be written: a missing or read-only parent, a folder where a file goes, a
-# folder that is not one psa-edge wrote, of that kind (the library checks them again beside the inputs they must
-# not overwrite, which needs every argument).
+# folder that is not one psa-edge wrote, of that kind (the library checks them again beside the
+# inputs they must not overwrite, which needs every argument).
 OUTPUT_FILE = library_check("psa_edge.io", "check_output")
 OUTPUT_FOLDER = library_check("psa_edge.io", "check_output", directory=True)
 HF_OUTPUT_FOLDER = library_check("psa_edge.io", "check_hf_output")

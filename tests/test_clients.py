@@ -110,7 +110,6 @@ def test_text_llm_runner_generates_what_psa_edge_generates(shipped):
         tokenizer = tokenizer_of(load_checkpoint(path)[0])
         ids = prompt_ids(name)
         tokens = ours(shipped[f"{name}-runner"], ids)
-        assert tokens == ours(shipped[f"{name}-raw-key"], ids)  # every form, the same tokens
         jobs.append((str(shipped[f"{name}-runner"]), tokenizer.decode(ids), NEW_TOKENS))
         expected.append((tokenizer.decode(tokens), NEW_TOKENS))
     got = run_client(RUNNER, jobs)

@@ -313,38 +313,6 @@ def test_cache_tensors_match_twin(artifacts, psa, twin):
                                         "1.prev_query"}
 
 
-def test_stock_text_llm_runner_matches_eager_greedy(artifacts, checkpoints):
-    """ExecuTorch's own TextLLMRunner (the runner of its Android/iOS apps) on the runner-form
-    .pte and the shipped tokenizer: greedy tokens equal the eager reference's."""
-    script = f"""
-import json, sys
-from executorch.extension.llm.custom_ops import custom_ops  # the form's llama kernels
-from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-runner = TextLLMRunner({str(artifacts['runner'] / 'model.pte')!r},
-                       {str(artifacts['runner'] / 'tokenizer.json')!r})
-pieces = []
-runner.generate(sys.argv[1], GenerationConfig(echo=False, max_new_tokens=20, temperature=0.0),
-                token_callback=pieces.append)
-print(json.dumps(pieces))
-"""
-    from psa_edge.tokenizer import Tokenizer
-
-    chars = Tokenizer.chars(64)
-    decode, encode = chars.decode, chars.encode
-
-    prompt = [5, 9, 33, 5, 9, 2, 60, 41]
-    result = subprocess.run([sys.executable, "-c", script, decode(prompt)], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    generated = encode("".join(json.loads(result.stdout.strip().splitlines()[-1])))
-    model = eager(checkpoints, "runner")
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(20):
-            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
-    assert generated == ids[len(prompt):]
-
-
 @pytest.mark.parametrize("name", ["onnx", "xnnpack", "portable", "runner"])
 def test_inspect(artifacts, name):
     result = cli("inspect", artifacts[name], "--json")

@@ -23,8 +23,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # CI's sample: about 1.5 s a case at 2 jobs, in a suite held under 12 minutes; seed 0's first
-# 24 cases already hold every class (asserted), and tools/fuzz.py runs the 2,000-case campaign
-FUZZ_CASES = 24
+# 22 cases hold every class (asserted), and tools/fuzz.py runs the 2,000-case campaign
+FUZZ_CASES = 22
 
 
 def test_fuzzed_inputs_end_in_a_clean_result_or_a_one_line_refusal(checkpoints, artifacts):
