@@ -204,3 +204,17 @@ def test_tied_embeddings_share_one_matrix():
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
     assert count_parameters(untied) - count_parameters(tied) == 64 * 64
     assert "lm_head.weight" in tied.state_dict()  # as LlamaForCausalLM's state_dict has it
+
+
+def test_the_key_shear_on_the_scores_is_the_scores_of_the_sheared_keys():
+    """The raw-key form's attention (`attend(..., key_shear=gamma)`) shears the scores along
+    the key axis; by linearity that equals scoring the keys sheared from a zero start."""
+    from psa_edge.model.ops import shear_scores
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 2, 3, 8, generator=generator)
+    keys = torch.randn(1, 2, 7, 8, generator=generator)  # raw, positions 0..6
+    sheared = shear(keys, torch.zeros(1, 2, 1, 8), 0.8)
+    expected = query @ sheared.transpose(-1, -2)
+    assert torch.allclose(shear_scores(query @ keys.transpose(-1, -2), 0.8), expected,
+                          atol=1e-5)

@@ -185,7 +185,7 @@ class RawKeyCache(LayerCache):
         self.padding = padding
 
     @property
-    def prev_key(self) -> None:  # the keys are sheared in `update`, over the whole cache
+    def prev_key(self) -> None:  # no slot: `attend` shears the whole cache, on the scores
         return None
 
     def update(self, sheared_key, value, key, query):

@@ -7,6 +7,9 @@ Contract (docs/reference/spec.md §1-§2):
   `x^_t = x_t + gamma (x_t - x_{t-1})`, where `x_{-1}` of this chunk is `prev` (`[..., 1, d]`,
   zeros at the start of a sequence). It is written as Sub, Mul, Add so that every exporter lowers
   it to exactly those elementwise ops. It must be applied to post-RoPE streams.
+- `shear_scores(scores, gamma)` is the key shear moved onto attention scores over raw keys from
+  a sequence's start (the raw-key form's cache): linear in the key, so the scores of the
+  sheared keys, along the key axis (dim -1).
 """
 
 from __future__ import annotations
@@ -79,7 +82,6 @@ def shear(x: Tensor, prev: Tensor, gamma: float) -> Tensor:
     """Upper shear `x + gamma * (x - x_prev)`; `prev` is the element before this chunk."""
     momentum = x - previous(x, prev)
     return momentum * gamma + x
-
 
 
 def shear_scores(scores: Tensor, gamma: float) -> Tensor:
