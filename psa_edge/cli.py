@@ -437,6 +437,12 @@ def generate(
     prompt: Optional[str] = typer.Option(None, help="Prompt text (the model's own tokenizer)."),
     prompt_file: Optional[Path] = typer.Option(None, help="Prompt text from a file."),
     prompt_ids: Optional[str] = typer.Option(None, help="Prompt as comma-separated token ids."),
+    chat: Optional[str] = typer.Option(None, metavar="TEXT",
+                                       help="A user message, rendered by the model's chat "
+                                       "template (generation stops at its end of turn)."),
+    chat_file: Optional[Path] = typer.Option(None, metavar="PATH",
+                                             help="A conversation: a JSON list of {\"role\", "
+                                             "\"content\"}, rendered by the chat template."),
     max_new_tokens: int = typer.Option(32, "-n", "--max-new-tokens", min=0, max=LENGTH_MAX,
                                        help="Tokens to generate."),
     temperature: float = typer.Option(0.0, callback=number(0, 100), help="0 is greedy."),
@@ -462,11 +468,12 @@ def generate(
 ) -> None:
     """Generate tokens with an artifact; optionally speculative (--draft or --prompt-lookup)."""
     from psa_edge.checks.reference import open_any
-    from psa_edge.runtime.run import run_generate
+    from psa_edge.runtime.run import Prompt, run_generate
 
-    run_generate(open_any(artifact, threads), str(artifact), prompt, prompt_file, prompt_ids,
-                 max_new_tokens, temperature, top_k, top_p, seed, stop, stream, draft,
-                 draft_len, prompt_lookup, threads, as_json)
+    run_generate(open_any(artifact, threads), str(artifact),
+                 Prompt(prompt, prompt_file, prompt_ids, chat, chat_file), max_new_tokens,
+                 temperature, top_k, top_p, seed, stop, stream, draft, draft_len,
+                 prompt_lookup, threads, as_json)
 
 
 @app.command(short_help="Check cache parity, reuse, rollback, speculation.")

@@ -9,6 +9,13 @@ stored in the checkpoint as the JSON text and written beside every artifact as `
 and `tokenizer_config.json` (`write`), which Hugging Face `tokenizers`, `PreTrainedTokenizerFast`,
 ExecuTorch's `TextLLMRunner` and psa-edge's runtime all read. `encode` refuses text the
 vocabulary cannot represent (a character tokenizer would drop it silently).
+
+A tokenizer may carry the model's chat template (a Jinja template, as Hugging Face's
+tokenizer_config.json `chat_template` and GGUF's `tokenizer.chat_template` hold it): it travels
+in the checkpoint and in every artifact's tokenizer_config.json, and `render_chat(messages)`
+renders a conversation with it as transformers' `apply_chat_template` does (a sandboxed
+environment, `trim_blocks`, `lstrip_blocks`, the generation prompt added). jinja2 is imported
+only to render.
 """
 
 from __future__ import annotations
@@ -33,14 +40,17 @@ def token_char(token_id: int) -> str:
 
 
 class Tokenizer:
-    def __init__(self, json_text: str):
+    def __init__(self, json_text: str, chat_template: str | None = None):
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
             self.hf = HFTokenizer.from_str(json_text)
         except Exception as exc:  # noqa: BLE001 - the Rust library raises its own classes
             raise TokenizerError(f"not a Hugging Face tokenizer.json ({str(exc)[:120]})")
-        self.json = json_text
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TokenizerError(f"a chat template is Jinja text, not a "
+                                 f"{type(chat_template).__name__}")
+        self.json, self.chat_template = json_text, chat_template or None
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
         self.eos_id = self.hf.token_to_id(EOS)
         self.lossless = (json.loads(json_text).get("decoder") or {}).get("type") == "ByteLevel"
@@ -55,7 +65,11 @@ class Tokenizer:
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise TokenizerError(f"cannot read tokenizer {path}: {exc}")
-        return cls(text)
+        config = Path(path).with_name(FILES[1])
+        template = None
+        if not_a_file(config) is None:  # a save_pretrained folder's: its chat template
+            template = chat_template_of(config.read_bytes(), config)
+        return cls(text, template)
 
     @classmethod
     def chars(cls, vocab_size: int) -> "Tokenizer":
@@ -90,7 +104,37 @@ class Tokenizer:
                   "add_eos_token": False}
         if self.eos_id is not None:
             config["eos_token"] = EOS
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
         return config
+
+    def render_chat(self, messages) -> str:
+        """The prompt text of a conversation (a list of {"role", "content"} strings) rendered
+        by the model's chat template, ending with the generation prompt."""
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        if not self.chat_template:
+            raise SequenceError("the model has no chat template (give --prompt instead)")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str) for m in messages):
+            raise SequenceError("a conversation is a non-empty list of {\"role\": ..., "
+                                "\"content\": ...} strings")
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                    extensions=["jinja2.ext.loopcontrols"])
+        environment.globals["raise_exception"] = raise_exception
+        try:
+            return environment.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=True, bos_token="",
+                eos_token=EOS if self.eos_id is not None else "")
+        except TemplateError as exc:
+            raise SequenceError(f"the chat template cannot render this conversation: "
+                                f"{str(exc)[:160]}")
 
     def write(self, folder: Path, max_length: int) -> None:
         """tokenizer.json and tokenizer_config.json into a folder being built."""
@@ -98,6 +142,19 @@ class Tokenizer:
 
         write_text(folder / FILES[0], self.json)
         write_text(folder / FILES[1], json.dumps(self.config(max_length), indent=2) + "\n")
+
+
+def chat_template_of(data: bytes, where) -> str | None:
+    """The `chat_template` string of a tokenizer_config.json's bytes (None when it has none)."""
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise TokenizerError(f"{where} is not valid JSON ({str(exc)[:80]})")
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if template is not None and not isinstance(template, str):
+        raise TokenizerError(f"{where}: chat_template is not a string (a list of named "
+                             f"templates is not read)")
+    return template
 
 
 def train_bpe(documents, vocab_size: int) -> Tokenizer:

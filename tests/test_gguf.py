@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli
+from conftest import REPO, cli
 from psa_edge.hf.convert import import_hf
 from psa_edge.model.checkpoint import load_checkpoint, read_checkpoint
 
@@ -231,3 +231,51 @@ def test_the_smollm_pre_tokenizer_splits_digits_as_smollm2s_tokenizer_does(sourc
     for text in TEXTS + ["x = 12345 + 6\n", "v2.0 is 2024"]:
         assert imported.encode(text) == smollm.encode(text), text
     assert imported.encode("1234") == [tokenizer.hf.token_to_id(c) for c in "1234"]
+
+
+def test_the_chat_template_travels_into_every_artifact_and_renders_as_transformers_does(
+        source, tmp_path):
+    """GGUF -> checkpoint -> ONNX artifact: tokenizer_config.json carries the template, so
+    transformers' own `apply_chat_template` on the artifact folder gives the token ids that
+    `generate --chat` feeds; a conversation file renders the same way, and the torch-free
+    runtime renders it too."""
+    import subprocess
+    import sys
+
+    from transformers import PreTrainedTokenizerFast
+
+    from psa_edge.export.pipeline import ExportRequest, run_export
+    from psa_edge.runtime.run import Prompt
+    from psa_edge.runtime.session import open_session
+
+    model, tokenizer = source
+    import_hf(write_gguf(tmp_path / "m.gguf", model, tokenizer, pre="gpt2"), tmp_path / "m.pt")
+    run_export(ExportRequest(tmp_path / "m.pt", "onnx", tmp_path / "onnx", 64))
+    config = json.loads((tmp_path / "onnx" / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == TEMPLATE
+    conversation = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "def f(x): 12"}]
+    theirs = PreTrainedTokenizerFast.from_pretrained(str(tmp_path / "onnx"))
+    session = open_session(tmp_path / "onnx")
+    (tmp_path / "chat.json").write_text(json.dumps(conversation))
+    assert Prompt(chat_file=tmp_path / "chat.json").tokens(session.tokenizer) == \
+        theirs.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    one = [{"role": "user", "content": "hi"}]
+    expected = theirs.apply_chat_template(one, add_generation_prompt=True, tokenize=True)
+    script = ("import sys\nclass NoTorch:\n    def find_spec(self, name, path=None, "
+              "target=None):\n        if name.split('.')[0] == 'torch':\n"
+              "            raise ImportError('torch is blocked')\n"
+              "sys.meta_path.insert(0, NoTorch())\nfrom psa_edge.cli import main\n"
+              f"sys.argv = ['psa-edge', 'generate', {str(tmp_path / 'onnx')!r}, '--chat', "
+              "'hi', '-n', '3', '--json']\nmain()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["prompt_tokens"] == len(expected)
+    for args, message in ((["--chat-file", tmp_path / "m.gguf"], "cannot read --chat-file"),
+                          (["--chat", "hi", "--prompt", "x"], "give exactly one of")):
+        refused = cli("generate", tmp_path / "onnx", *args)
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+    plain = cli("generate", REPO / "models" / "psa-default.pt", "--chat", "hi")
+    assert plain.returncode == 2 and "the model has no chat template" in plain.stderr

@@ -207,7 +207,7 @@ def import_hf(source: Path, output: Path, variant: str | None = None,
     if gguf:
         model_file = read_gguf(source)
         config, where, chat = model_file.config, source, model_file.chat
-        tokenizer = Tokenizer(model_file.tokenizer)
+        tokenizer = Tokenizer(model_file.tokenizer, chat["chat_template"])
     else:
         where, chat = source / "config.json", {}
         config = read_json(where, "the model's config")

@@ -75,6 +75,7 @@ def save_checkpoint(path: str | os.PathLike, model: PSATransformer, metadata: di
         "config": model.cfg.to_dict(),
         "state_dict": stored_weights(model, weights_dtype),
         "tokenizer": tokenizer_of(model).json,
+        "chat_template": tokenizer_of(model).chat_template,
         "metadata": metadata,
     }
     data = serialized(payload)
@@ -140,7 +141,8 @@ def model_of(payload: dict, path) -> PSATransformer:
     model = PSATransformer(cfg)
     model.load_state_dict(payload["state_dict"], strict=True)
     try:
-        model.tokenizer = Tokenizer(text) if text else Tokenizer.chars(cfg.vocab_size)
+        model.tokenizer = (Tokenizer(text, payload.get("chat_template")) if text
+                           else Tokenizer.chars(cfg.vocab_size))
     except PsaEdgeError as exc:
         raise CheckpointError(f"{path}: {exc}")
     if model.tokenizer.vocab_size > cfg.vocab_size:

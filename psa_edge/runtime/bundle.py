@@ -43,7 +43,8 @@ RUNTIME_FILES = ["__init__.py", "errors.py", "io.py", "contract.py", "tokenizer.
                  "runtime/templates/bundle-readme-runner.md",
                  # verify against the reference logits recorded at export (reference.npz)
                  "checks/__init__.py", "checks/reference.py", "checks/verify.py"]
-ONNX_REQUIREMENTS = ("numpy", "onnxruntime", "tokenizers", "typer", "rich")
+# jinja2 renders a chat template (`generate --chat`), imported only then.
+ONNX_REQUIREMENTS = ("numpy", "onnxruntime", "tokenizers", "typer", "rich", "jinja2")
 EXECUTORCH_REQUIREMENTS = ("executorch", "torch")
 
 

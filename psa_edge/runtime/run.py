@@ -1,7 +1,8 @@
 """The generate command's work (numpy + onnxruntime; ExecuTorch only for a .pte).
 
-Contract: `run_generate(session, ...)` reads the prompt (text or a file, encoded with the
-model's own tokenizer; or comma-separated ids), checks everything before generating (bad ids,
+Contract: `run_generate(session, ...)` reads the prompt (`Prompt`: text or a file, encoded with
+the model's own tokenizer; comma-separated ids; or a chat message or conversation rendered by
+the model's chat template), checks everything before generating (bad ids,
 lengths, a draft of another vocabulary: `PsaEdgeError`), then generates plainly or
 speculatively until the end-of-text token, a stop string or the token budget. With `stream` it
 prints the text as it grows (a character split over several byte-level tokens is printed once
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from psa_edge.errors import SequenceError
@@ -28,42 +30,68 @@ from psa_edge.runtime.speculative import (PromptLookupDrafter, SessionDrafter,
 MAX_PROMPT_BYTES = 64 << 20
 
 
-def read_prompt(tokenizer, prompt: str | None, prompt_file: Path | None,
-                prompt_ids: str | None) -> list[int]:
-    if sum(x is not None for x in (prompt, prompt_file, prompt_ids)) != 1:
-        raise SequenceError("give exactly one of --prompt, --prompt-file and --prompt-ids")
-    if prompt_ids is not None:
-        try:
-            return [int(x) for x in prompt_ids.split(",")]
-        except ValueError:
-            raise SequenceError(f"--prompt-ids {prompt_ids!r} is not a comma-separated list "
-                                f"of integers")
-    if prompt_file is not None:
-        prompt = read_prompt_file(Path(prompt_file))
+@dataclass(frozen=True)
+class Prompt:
+    """Where the prompt comes from: exactly one of text, a text file, token ids (comma-
+    separated), a chat message, or a chat file (a JSON list of {"role", "content"}), the last
+    two rendered by the model's chat template."""
+    text: str | None = None
+    file: Path | None = None
+    ids: str | None = None
+    chat: str | None = None
+    chat_file: Path | None = None
+
+    def tokens(self, tokenizer) -> list[int]:
+        given = [x is not None for x in (self.text, self.file, self.ids, self.chat,
+                                         self.chat_file)]
+        if sum(given) != 1:
+            raise SequenceError("give exactly one of --prompt, --prompt-file, --prompt-ids, "
+                                "--chat and --chat-file")
+        if self.ids is not None:
+            try:
+                return [int(x) for x in self.ids.split(",")]
+            except ValueError:
+                raise SequenceError(f"--prompt-ids {self.ids!r} is not a comma-separated list "
+                                    f"of integers")
+        text = self.text
+        if self.file is not None:
+            text = read_prompt_file(Path(self.file), "--prompt-file")
+        elif self.chat is not None:
+            text = tokenizer.render_chat([{"role": "user", "content": utf8(self.chat)}])
+        elif self.chat_file is not None:
+            try:
+                messages = json.loads(read_prompt_file(Path(self.chat_file), "--chat-file"))
+            except (ValueError, RecursionError) as exc:
+                raise SequenceError(f"--chat-file {self.chat_file} is not JSON "
+                                    f"({str(exc)[:80]})")
+            text = tokenizer.render_chat(messages)
+        ids = tokenizer.encode(utf8(text))
+        if not ids:
+            raise SequenceError("the prompt is empty: it has no tokens to start from")
+        return ids
+
+
+def utf8(text: str) -> str:
     try:
-        prompt.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (surrogates)
         raise SequenceError("the prompt is not UTF-8 text")
-    ids = tokenizer.encode(prompt)
-    if not ids:
-        raise SequenceError(f"the prompt {'file ' if prompt_file else ''}is empty: it has no "
-                            f"tokens to start from")
-    return ids
+    return text
 
 
-def read_prompt_file(path: Path) -> str:
+def read_prompt_file(path: Path, option: str) -> str:
     """A prompt file's text: a regular file (not a FIFO, a device or a directory, which are
     refused before they are opened) of at most MAX_PROMPT_BYTES, UTF-8."""
     if (problem := not_a_file(path)) is not None:
-        raise SequenceError(f"--prompt-file {path} {problem}")
+        raise SequenceError(f"{option} {path} {problem}")
     size = path.stat().st_size
     if size > MAX_PROMPT_BYTES:
-        raise SequenceError(f"--prompt-file {path} holds {size:,} bytes, more than the "
+        raise SequenceError(f"{option} {path} holds {size:,} bytes, more than the "
                             f"{MAX_PROMPT_BYTES:,} a prompt may")
     try:
         return path.read_bytes()[:MAX_PROMPT_BYTES].decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SequenceError(f"cannot read --prompt-file {path}: {str(exc)[:120]}")
+        raise SequenceError(f"cannot read {option} {path}: {str(exc)[:120]}")
 
 
 def cut(text: str, strings) -> str:
@@ -99,14 +127,14 @@ class Printer:
         print()
 
 
-def run_generate(session, label: str, prompt, prompt_file, prompt_ids, max_new_tokens,
-                 temperature, top_k, top_p, seed, stop, stream, draft, draft_len,
-                 prompt_lookup, threads, as_json) -> dict:
+def run_generate(session, label: str, prompt: Prompt, max_new_tokens, temperature, top_k,
+                 top_p, seed, stop, stream, draft, draft_len, prompt_lookup, threads,
+                 as_json) -> dict:
     tokenizer = session.tokenizer
     vocab = session.io.vocab_size
     if any(s == "" for s in stop or ()):  # "" is in every text: it would stop at once
         raise SequenceError("--stop takes a non-empty string")
-    ids = read_prompt(tokenizer, prompt, prompt_file, prompt_ids)
+    ids = prompt.tokens(tokenizer)
     eos = session.manifest["config"].get("eos_token_id")
     stops = Stop(frozenset({eos} if isinstance(eos, int) else set(eos or ())), tuple(stop or ()),
                  tokenizer.decode)

@@ -38,7 +38,8 @@ import numpy as np
 from psa_edge.contract import TOKENIZER, GraphIO, State, check_threads, get_form, slots_from
 from psa_edge.errors import ArtifactError, PsaEdgeError, SequenceError
 from psa_edge.io import read_artifact
-from psa_edge.tokenizer import Tokenizer
+from psa_edge.tokenizer import FILES as TOKENIZER_FILES
+from psa_edge.tokenizer import Tokenizer, chat_template_of
 
 # Positions of raw keys kept for rollback: more than any draft length; about one cache row each.
 ROLLBACK_WINDOW = 64
@@ -354,9 +355,13 @@ def open_session(artifact: str | Path, threads: int | None = None, checked: bool
         opened.manifest["backend"], str(opened.folder))
     session = session_class(program_class(opened, threads, profile_prefix, takes_turns))
     try:
-        session.tokenizer = Tokenizer(opened.read(TOKENIZER).decode("utf-8"))
+        text = opened.read(TOKENIZER).decode("utf-8")
     except UnicodeDecodeError:
         raise ArtifactError(f"{opened.path(TOKENIZER)} is not text")
+    config = TOKENIZER_FILES[1]  # tokenizer_config.json: the chat template, where there is one
+    template = (chat_template_of(opened.read(config), opened.path(config))
+                if config in opened.manifest["files"] else None)
+    session.tokenizer = Tokenizer(text, template)
     return session
 
 
