@@ -5,12 +5,12 @@ writes into a temporary folder beside `out` and renames it into place (an existi
 `out` is refused, a failure leaves nothing):
 - `models/`: the artifact folders (model file, manifest, tokenizer);
 - `psa_edge/`: the device runtime only (the CLI, `runtime/`, errors, io, tokenizer, display):
-  numpy + onnxruntime + tokenizers (+ typer, rich for the CLI), ExecuTorch's runtime for a
-  .pte; commands
-  that need torch (train, export, ...) are not in it;
+  numpy + onnxruntime + tokenizers (+ typer, rich for the CLI, jinja2 for `generate --chat`),
+  ExecuTorch's runtime for a .pte; commands that need torch (train, export, ...) are not in
+  it;
 - `psa-edge`: a launcher (`python3 -m psa_edge.cli`);
-- `requirements-onnx.txt` (aarch64 Linux: numpy, onnxruntime, tokenizers, typer, rich, pinned to the
-  versions this bundle was tested with) and, when a .pte is bundled,
+- `requirements-onnx.txt` (aarch64 Linux: numpy, onnxruntime, tokenizers, typer, rich, jinja2,
+  pinned to the versions this bundle was tested with) and, when a .pte is bundled,
   `requirements-executorch.txt` (the executorch wheel and the torch it needs);
 - `README.md` (from the templates in `runtime/templates/`): the exact commands for a Raspberry
   Pi (64-bit OS) and for an Android phone (Termux + Python for the ONNX path; ExecuTorch's
