@@ -304,6 +304,11 @@ def export(
     keep_shear_fp32: bool = typer.Option(True, "--keep-shear-fp32/--quantize-shear",
                                          help="Keep the shear's Sub/Mul/Add in fp32 (default; "
                                          "measured in docs/results/quantization.md)."),
+    text: Optional[list[str]] = typer.Option(
+        None, "--text", metavar="PATH",
+        callback=library_check("psa_edge.tasks.text", "check_corpus_path"),
+        help="Held-out text (files, folders or globs; repeatable) that calibrates a quantized "
+        "export and is its parity probe (default: the checkpoint's own task)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Export a checkpoint to ONNX or ExecuTorch, check it against the float reference, and write
@@ -312,6 +317,8 @@ def export(
 
     if group_size is not None and not quantize:
         raise ExportError("--group-size needs --quantize int4 or int8-block")
+    if text and not quantize:
+        raise ExportError("--text is held-out data for --quantize; a float export needs none")
     from psa_edge.display import print_summary, stage_bar
     from psa_edge.export.pipeline import STAGES, ExportRequest, run_export
     from psa_edge.export.quantize import WEIGHT_BLOCK, QuantSpec
@@ -319,7 +326,8 @@ def export(
     group = WEIGHT_BLOCK if group_size is None else group_size
     quant = (QuantSpec(quantize, calibration_samples, calibration_seed, keep_shear_fp32, group)
              if quantize else None)
-    request = ExportRequest(checkpoint, target, output, max_seq_len, twin, form, quant)
+    request = ExportRequest(checkpoint, target, output, max_seq_len, twin, form, quant,
+                            tuple(text or ()))
     with stage_bar("export", STAGES, enabled=not as_json) as started:
         manifest = run_export(request, started)
     if as_json:
@@ -395,6 +403,13 @@ def quant_check_cmd(
                                     help="Artifact folder, quantized or float."),
     task: Optional[str] = typer.Option(None, callback=one_of("task", "psa_edge.tasks", "TASKS"),
                                        help="Task (default: the checkpoint's own)."),
+    text: Optional[list[str]] = typer.Option(
+        None, "--text", metavar="PATH",
+        callback=library_check("psa_edge.tasks.text", "check_corpus_path"),
+        help="Check on this text instead (files, folders or globs; repeatable): its validation "
+        "split, with the model's tokenizer."),
+    seq_len: int = typer.Option(128, min=8, max=LENGTH_MAX,
+                                help="Tokens per held-out sequence of --text."),
     samples: int = typer.Option(64, min=1, max=LENGTH_MAX, help="Held-out sequences."),
     seed: int = typer.Option(1234, min=0, max=SEED_MAX, help="Seed of the held-out sample."),
     max_acc_drop: Optional[float] = typer.Option(None, callback=number(0, 100),
@@ -414,7 +429,8 @@ def quant_check_cmd(
     from psa_edge.checks import quant_check
     from psa_edge.display import progress_bar, quant_check_table
 
-    plan = quant_check.prepare(checkpoint, artifact, task, samples, seed)
+    plan = quant_check.prepare(checkpoint, artifact, task, samples, seed, tuple(text or ()),
+                               seq_len)
     with progress_bar("quant-check", samples, enabled=not as_json) as advance:
         limits = quant_check.Thresholds.of(plan.scheme, max_acc_drop=max_acc_drop,
                                            min_top1=min_top1, max_ppl_increase=max_ppl_increase)

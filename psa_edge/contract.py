@@ -52,6 +52,10 @@ RAW_OF_SLOT = {"prev_key": "raw_key", "prev_query": "raw_query"}
 # Target -> backend that runs it, and the model file inside the artifact folder.
 BACKENDS = {"xnnpack": "executorch", "portable": "executorch", "onnx": "onnxruntime"}
 MODEL_FILES = {"xnnpack": "model.pte", "portable": "model.pte", "onnx": "model.onnx"}
+# An ONNX graph's weights, as external data beside it: protobuf's 2 GB limit does not bind, and
+# ONNX Runtime maps the file instead of parsing a copy (a SmolLM2-135M session held 1.26 GB
+# loaded from one file's bytes, 0.60 GB from this layout; docs/results/real-model.md).
+ONNX_DATA = "model.onnx.data"
 # The `--quantize` schemes an artifact may be built with (its manifest's `quantization.scheme`).
 SCHEMES = ("int8", "int8-dynamic", "int8-block", "int4")
 MANIFEST = "manifest.json"
@@ -70,7 +74,9 @@ INT_FIELDS = {"vocab_size": (1, 1 << 20), "hidden_size": (2, 1 << 15),
               "max_position_embeddings": (1, 1 << 20)}
 FLOAT_FIELDS = {"rms_norm_eps": (0.0, 1.0), "rope_theta": (0.0, 1e12), "gamma_q": (0.0, 100.0),
                 "gamma_k": (0.0, 100.0)}
-MAX_PARAMETERS = 1_000_000_000  # 4 GB of fp32 weights
+# An upper bound of the config's parameters (untied, without GQA): Llama 3.2 1B counts 1.6 B by
+# it, Qwen2.5 1.5B 2.1 B. 16 GB of fp32 weights: past the edge models psa-edge is for.
+MAX_PARAMETERS = 4_000_000_000
 
 
 def check_threads(threads) -> None:

@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from psa_edge.contract import MANIFEST, MODEL_FILES, check_manifest
+from psa_edge.contract import MANIFEST, MODEL_FILES, ONNX_DATA, check_manifest
 from psa_edge.errors import ArtifactError, OutputError
 
 
@@ -298,7 +298,9 @@ def versions() -> dict:
 
 @dataclass(frozen=True)
 class Artifact:
-    """An opened artifact folder: its manifest and the model file's checked bytes."""
+    """An opened artifact folder: its manifest and the model file's checked bytes. An ONNX
+    graph's weights (`ONNX_DATA`, where the manifest lists it) are hashed as a stream and left
+    on disk for the runtime to map: they are not in `data`."""
     folder: Path
     manifest: dict
     data: bytes
@@ -308,8 +310,19 @@ class Artifact:
         return self.folder / MODEL_FILES[self.manifest["target"]]
 
     @property
+    def weights_path(self) -> Path | None:
+        """The external weights beside the graph, or None (a .pte, or an older one-file ONNX)."""
+        return self.folder / ONNX_DATA if ONNX_DATA in self.manifest["files"] else None
+
+    @property
+    def model_files(self) -> list[str]:
+        return [p.name for p in (self.model_path, self.weights_path) if p is not None]
+
+    @property
     def identity(self) -> str:
-        return self.manifest["files"][self.model_path.name]
+        """The model's files' sha256 (one file: its own digest)."""
+        digests = [self.manifest["files"][name] for name in self.model_files]
+        return digests[0] if len(digests) == 1 else sha256_bytes(" ".join(digests).encode())
 
     def path(self, name: str) -> Path:
         return self.folder / name
@@ -324,9 +337,24 @@ class Artifact:
             data = path.read_bytes()
         except OSError as exc:
             raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}")
-        if self.manifest["files"][name] != sha256_bytes(data):
-            raise ArtifactError(f"{MANIFEST} does not match {path} (sha256 differs)")
+        self.match(name, sha256_bytes(data))
         return data
+
+    def check(self, name: str) -> None:
+        """A file of the folder hashed as a stream (not held) against the manifest."""
+        path = self.folder / name
+        if name not in self.manifest["files"]:
+            raise ArtifactError(f"{self.folder / MANIFEST} lists no {name}")
+        try:
+            digest = sha256_file(path)
+        except OSError as exc:
+            raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}")
+        self.match(name, digest)
+
+    def match(self, name: str, digest: str) -> None:
+        if self.manifest["files"][name] != digest:
+            raise ArtifactError(f"{MANIFEST} does not match {self.folder / name} (sha256 "
+                                f"differs)")
 
 
 def artifact_folder(path: str | os.PathLike) -> Path:
@@ -352,6 +380,8 @@ def read_artifact(path: str | os.PathLike, check_hash: bool = True) -> Artifact:
     artifact = Artifact(folder, manifest, b"")
     if check_hash:
         artifact = Artifact(folder, manifest, artifact.read(MODEL_FILES[manifest["target"]]))
+        if artifact.weights_path is not None:
+            artifact.check(ONNX_DATA)
     return artifact
 
 

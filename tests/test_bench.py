@@ -41,7 +41,8 @@ def test_bench_json_has_every_field(artifacts, tmp_path):
     assert (psa["label"], twin["label"]) == ("artifact", "twin")
     for r in (psa, twin):
         assert r["backend"] == "onnxruntime" and r["precision"] == "fp32"
-        assert r["size_bytes"] == os.path.getsize(f"{r['artifact']}/model.onnx")
+        assert r["size_bytes"] == sum(os.path.getsize(f"{r['artifact']}/{name}")
+                                      for name in ("model.onnx", "model.onnx.data"))
         assert "load_rss_bytes" in r and "load_huge_bytes" in r
         assert r["pp8"]["tokens_per_second"] > 0 and r["pp8"]["ttft_ms_mean"] > 0
         assert 0 < r["tg8"]["latency_ms_p50"] <= r["tg8"]["latency_ms_p90"]

@@ -19,6 +19,7 @@ from psa_edge.checks import reference as checks
 from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ArtifactError, ExportError, PsaEdgeError
 from psa_edge.export.pipeline import STAGES, ExportRequest, export, run_export, transform
+from psa_edge.io import sha256_file
 from psa_edge.runtime.session import open_session
 
 
@@ -327,14 +328,32 @@ def test_inspect(artifacts, name):
         assert info["ops"]["Sub"] >= 4
 
 
-def test_inspect_refuses_mismatched_manifest(artifacts, tmp_path):
+@pytest.mark.parametrize("name", ["model.onnx", "model.onnx.data"])
+def test_inspect_refuses_mismatched_manifest(artifacts, tmp_path, name):
+    """The graph and its external weights are both checked against the manifest."""
     copy = copy_artifact(artifacts["onnx"], tmp_path / "x")
-    with open(copy / "model.onnx", "ab") as f:
+    with open(copy / name, "ab") as f:
         f.write(b"tampered")
     result = cli("inspect", copy)
-    assert result.returncode == 2 and "does not match" in result.stderr
-    with pytest.raises(ArtifactError):
+    assert result.returncode == 2 and f"does not match {copy / name}" in result.stderr
+    with pytest.raises(ArtifactError, match="does not match"):
         open_session(copy)
+
+
+def test_onnx_weights_are_external_data_beside_the_graph(artifacts):
+    """Every weight tensor lives in model.onnx.data (listed and hashed in the manifest), so the
+    graph file holds no weights and ONNX Runtime maps them."""
+    folder = artifacts["onnx"]
+    graph = onnx.load(folder / "model.onnx", load_external_data=False).graph
+    external = [t for t in graph.initializer
+                if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert {e.value for t in external for e in t.external_data if e.key == "location"} == {
+        "model.onnx.data"}
+    assert all(len(t.raw_data) <= 1024 for t in graph.initializer if t not in external)
+    manifest = manifest_of(folder)
+    assert manifest["files"]["model.onnx.data"] == sha256_file(folder / "model.onnx.data")
+    assert manifest["size_bytes"] == sum((folder / n).stat().st_size
+                                         for n in ("model.onnx", "model.onnx.data"))
 
 
 @pytest.mark.parametrize("field", ["size_bytes", "gamma_k"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO, cli, copy_artifact, make_model, manifest_of, model_file
-from exported import DEFAULT, INT4, INT4_G128, STATIC, TINY_LEN
+from exported import DEFAULT, DYNAMIC, INT4, INT4_G128, STATIC, TINY_LEN
 from psa_edge.checks import reference as checks
 from psa_edge.checks.reference import Reference, feed_chunks
 from psa_edge.errors import ExportError
@@ -178,7 +178,7 @@ def test_onnx_static_int8_runs_integer_matmuls(int8, tmp_path):
     options.log_severity_level = 3
     ort.InferenceSession(str(model_file(int8["onnx"])), options,
                          providers=["CPUExecutionProvider"])
-    optimized = onnx.load(options.optimized_model_filepath)
+    optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
     weights = {i.name for i in optimized.graph.initializer}
     kinds = [n.op_type for n in optimized.graph.node]
     assert kinds.count("QLinearMatMul") == 2 * 7 + 1
@@ -235,7 +235,8 @@ def test_xnnpack_int4_refuses_linears_not_in_whole_groups(tmp_path, hidden, spec
     groups of 128, is refused by name before anything is written."""
     path = tmp_path / "odd.pt"
     save_checkpoint(path, make_model("key-only", hidden_size=hidden,
-                                     intermediate_size=2 * hidden), {})
+                                     intermediate_size=2 * hidden),
+                    {"task": {"name": "ih-sht", "params": {"seq_len": 64, "alphabet": 64}}})
     with pytest.raises(ExportError, match=f"multiple of its group size {spec.group_size}; "
                                           f".*takes {hidden}"):
         run_export(ExportRequest(path, "xnnpack", tmp_path / "m", TINY_LEN, quant=spec))
@@ -291,12 +292,57 @@ def test_export_int8_bad_input_cli(tiny_checkpoint, tmp_path, args, message):
     assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
 
 
-def test_static_int8_needs_the_checkpoints_task(tmp_path):
+def test_quantizing_without_held_out_data_is_refused_before_the_trace(tmp_path):
+    """Every scheme's parity probe (and static calibration) needs held-out data: a checkpoint
+    that records no task is refused in the load stage, before any trace, nothing written."""
     path = tmp_path / "no-task.pt"
     save_checkpoint(path, make_model("key-only"), {})
-    with pytest.raises(ExportError, match="records none"):
-        run_export(ExportRequest(path, "onnx", tmp_path / "m", quant=STATIC))
+    for spec in (STATIC, DYNAMIC, INT4):
+        stages = []
+        with pytest.raises(ExportError, match="records no task: pass --text PATH"):
+            run_export(ExportRequest(path, "onnx", tmp_path / "m", quant=spec), stages.append)
+        assert stages == ["load"]
+    result = cli("export", path, "--target", "onnx", "--text", tmp_path, "-o", tmp_path / "m")
+    assert result.returncode == 2 and "--text is held-out data for --quantize" in result.stderr
     assert sorted(os.listdir(tmp_path)) == ["no-task.pt", "no-task.pt.json"]
+
+
+def write_corpus(folder):
+    """60 generated documents: a validation split of a few of them (5% by content hash)."""
+    folder.mkdir()
+    words = np.array(["def", "return", "x", "y", "(", ")", ":", "print", "os", "*", "2", "\n"])
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        (folder / f"doc{i}.py").write_text(" ".join(rng.choice(words, 300)))
+    return folder
+
+
+def test_any_language_model_quantizes_and_checks_on_text(imported, tmp_path):
+    """An imported model records no task: static int8 calibrates on --text, and quant-check
+    --text scores that text's validation split, its float perplexity the one computed here
+    from the checkpoint on the same windows."""
+    from psa_edge.tasks.text import TextTask, read_corpus
+
+    text, out = write_corpus(tmp_path / "corpus"), tmp_path / "int8"
+    result = cli("export", imported["psa"], "--target", "onnx", "--quantize", "int8", "--text",
+                 text, "-o", out, "--json")
+    assert result.returncode == 0, result.stderr
+    calibration = json.loads(result.stdout)["quantization"]["calibration"]
+    assert calibration["task"]["name"] == "text" and calibration["samples"] == 32
+    assert calibration["task"]["params"]["corpus"]["documents"] == 60
+    check = cli("quant-check", imported["psa"], out, "--text", text, "--samples", "4",
+                "--seq-len", "32", "--json")
+    assert check.returncode in (0, 1), check.stderr  # the verdict is the thresholds' business
+    report = json.loads(check.stdout)
+    assert report["task"]["name"] == "text" and report["tokens_per_sample"] == 32
+    model, _ = load_checkpoint(imported["psa"])
+    inputs, targets = TextTask(read_corpus([text]), model.tokenizer, 32).sample(
+        "test", 4, 1234)
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(torch.from_numpy(inputs)).double(), -1)
+    nll = -log_p.gather(-1, torch.from_numpy(targets)[..., None]).mean()
+    assert report["metrics"]["target_perplexity_float"] == pytest.approx(float(nll.exp()),
+                                                                         rel=1e-5)
 
 
 def test_quant_check_bad_input(int8, tiny_checkpoint, tmp_path):
@@ -309,7 +355,9 @@ def test_quant_check_bad_input(int8, tiny_checkpoint, tmp_path):
     for args, message in [((tiny_checkpoint, tampered), "does not match"),
                           ((DEFAULT, int8["onnx"]), "was not exported from"),
                           ((tiny_checkpoint, int8["onnx"], "mqar"), "vocabulary"),
-                          ((tiny_checkpoint, int8["onnx"], None, 0), "at least 1")]:
+                          ((tiny_checkpoint, int8["onnx"], None, 0), "at least 1"),
+                          ((tiny_checkpoint, int8["onnx"], "mqar", 4, 0, (str(tmp_path),)),
+                           "--task or --text, not both")]:
         with pytest.raises(PsaEdgeError, match=message):
             quant_check.prepare(*args)
     result = cli("quant-check", DEFAULT, int8["onnx"])
@@ -323,9 +371,9 @@ def test_int8_decode_method_has_no_shift_ops(tiny_checkpoint, tmp_path):
     only onto the caches and slices only the RoPE halves; `forward` keeps the general shift."""
     req = pipeline.check_request(ExportRequest(tiny_checkpoint, "xnnpack", tmp_path / "m",
                                                TINY_LEN, quant=STATIC))
-    model, source = pipeline.load(req)
+    model, _, task = pipeline.load(req)
     model = pipeline.transform(model, req)
-    methods, _ = pipeline.quantize(pipeline.export(model, req), model, source, req)
+    methods, _ = pipeline.quantize(pipeline.export(model, req), model, task, req)
 
     def sequence_ops(method):  # cat / slice along the sequence dim (-2) of a method
         nodes = [n for n in methods[method].program.graph.nodes if n.op == "call_function"]

@@ -14,6 +14,8 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,6 +62,21 @@ def psa_edge(*args, check: bool = True, env: dict | None = None,
     if check and result.returncode:
         raise SystemExit(f"psa-edge {' '.join(map(str, args))} failed:\n{result.stderr[-2000:]}")
     return result
+
+
+def measured(*args, check: bool = True) -> tuple[float, int, str]:
+    """`psa-edge ARGS` in its own process: (seconds, its own peak RSS in bytes, stdout); exit
+    1 (a check past its threshold) is returned, any other failure stops the tool."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.time()
+        child = subprocess.Popen([sys.executable, "-m", "psa_edge.cli", *map(str, args)],
+                                 stdout=out, stderr=err, text=True, cwd=REPO)
+        _, status, usage = os.wait4(child.pid, 0)  # this child's rusage, not all children's
+        seconds = time.time() - started
+        out.seek(0), err.seek(0)
+        if check and os.waitstatus_to_exitcode(status) not in (0, 1):
+            raise SystemExit(f"psa-edge {' '.join(map(str, args))} failed:\n{err.read()[-2000:]}")
+        return seconds, usage.ru_maxrss * 1024, out.read()
 
 
 def psa_edge_json(*args, **kwargs) -> dict:
@@ -165,7 +182,7 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
     would write the same way (same source, graph I/O, weight and activation layouts, and files:
     a build an older psa-edge wrote can hold a side file this one no longer writes)."""
     from psa_edge.checks.verify import REFERENCE
-    from psa_edge.contract import MODEL_FILES, GraphIO
+    from psa_edge.contract import MODEL_FILES, ONNX_DATA, GraphIO
     from psa_edge.errors import PsaEdgeError
     from psa_edge.export.pipeline import TARGETS, ExportRequest, run_export
     from psa_edge.export.quantize import calibration_record
@@ -186,8 +203,9 @@ def export_once(checkpoint: Path, folder: Path, target: str, quant: str | None =
                 == [(expected or {}).get(k) for k in layouts])
         side = TARGETS[target].side_files(ModelConfig.from_dict(m["config"]), m["max_seq_len"],
                                           form)
-        same = same and set(m["files"]) == {MODEL_FILES[target], REFERENCE, *TOKENIZER_FILES,
-                                            *side} and all(
+        weights = {ONNX_DATA} if target == "onnx" else set()  # an older build's one file: again
+        same = same and set(m["files"]) == {MODEL_FILES[target], *weights, REFERENCE,
+                                            *TOKENIZER_FILES, *side} and all(
             json.loads((folder / name).read_text()) == content for name, content in side.items())
     except (PsaEdgeError, KeyError, OSError, ValueError):
         same = False

@@ -1,7 +1,8 @@
 """The ONNX Runtime backend: `.onnx` graphs on the CPU provider (numpy, no torch).
 
 Contract: both classes build the session from the artifact's checked bytes
-(`io.read_artifact`: what runs is what was hashed); `threads` sizes the intra-op pool; with
+(`io.read_artifact`: what runs is what was hashed), the graph's external weights mapped from
+the folder after their hash was checked; `threads` sizes the intra-op pool; with
 `takes_turns` (a session that alternates with another in this process, as `bench --vs`'s two
 do) the pool's workers stop spinning when a call returns. A file that ONNX Runtime cannot
 load, or whose I/O is not the one its manifest's config implies, is an `ArtifactError` naming
@@ -46,6 +47,14 @@ def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
         options.add_session_config_entry("session.force_spinning_stop", "1")
     if profile_prefix:  # ONNX Runtime's profiler (`psa-edge bench --profile`)
         options.enable_profiling, options.profile_file_prefix = True, profile_prefix
+    if artifact.weights_path is not None:
+        # The graph is the checked bytes; its weights are mapped from the checked file beside
+        # it, not parsed into a copy (SmolLM2-135M fp32: 0.60 GB resident, 1.26 GB from one
+        # file's bytes). While it loads, ONNX Runtime holds the mapped weights and their
+        # prepacked copies at once: the process peaks near twice the weights (measured in
+        # docs/results/real-model.md); disabling prepacking avoids that, but decoded 15% slower.
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                         str(artifact.folder))
     held = resident_now()
     try:
         session = ort.InferenceSession(artifact.data, options, providers=["CPUExecutionProvider"])

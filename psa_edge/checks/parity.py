@@ -1,13 +1,15 @@
 """Parity at export: an artifact against the eager fp32 reference on a probe sequence.
 
-Contract: `probe_parity(reference, artifact_folder)` opens the exporter's own new artifact as a
-device would (`runtime.open_session`, either form; being this machine's own output, without the
-first-open child process of `runtime.guard`), feeds the probe all at once and token by token, and
-reports the max abs logit error and the argmax agreement of each against the reference's
-full-sequence forward, and the logit scale.
+Contract: `expected_logits(reference, held_out, max_len)` computes the eager reference's
+side first (the probe and its logits), so that the exporter can free the eager weights before
+the artifact is opened; `probe_parity(expected, artifact_folder)` opens the exporter's own new
+artifact as a device would (`runtime.open_session`, either form; being this machine's own
+output, without the first-open child process of `runtime.guard`), feeds the probe all at once
+and token by token, and reports the max abs logit error and the argmax agreement of each
+against the reference's full-sequence forward, and the logit scale.
 - fp32 artifacts: a PROBE_LEN random probe; pass within `reference.FP32_RTOL` of the logit
   scale (docs/reference/spec.md §3).
-- int8 artifacts: an INT8_PROBE_LEN held-out sequence of the checkpoint's task (random tokens
+- int8 artifacts: an INT8_PROBE_LEN held-out sequence of the export's task (random tokens
   give a trained model nothing to be sure of); pass within `reference.INT8_RTOL` (int4:
   `INT4_RTOL`) of the scale, with argmax agreement >= INT8_MIN_AGREEMENT (int4:
   INT4_MIN_AGREEMENT) on the positions the reference has decided. At a near-tie any rounding
@@ -19,6 +21,7 @@ artifact's own fingerprint on a few tokens, which a later first open compares (`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,15 +38,27 @@ def probe_tokens(vocab_size: int, length: int = PROBE_LEN) -> np.ndarray:
     return np.random.default_rng(PROBE_SEED).integers(0, vocab_size, size=length).astype(np.int64)
 
 
-def int8_probe_tokens(manifest: dict, tokenizer) -> np.ndarray:
-    from psa_edge.tasks import task_from_dict
-
-    task = task_from_dict(manifest["source_checkpoint"]["task"], tokenizer)
+def int8_probe_tokens(task, max_len: int) -> np.ndarray:
     tokens, _ = task.sample("test", 1, seed=PROBE_SEED)
-    return tokens[0, :min(INT8_PROBE_LEN, manifest["max_seq_len"])]
+    return tokens[0, :min(INT8_PROBE_LEN, max_len)]
 
 
-def probe_parity(reference: Reference, folder: Path) -> dict:
+@dataclass(frozen=True)
+class Expected:
+    """The probe of a parity check and the eager reference's full-sequence logits on it."""
+    tokens: np.ndarray  # [T]
+    logits: np.ndarray  # [T, V]
+
+
+def expected_logits(reference: Reference, held_out, max_len: int) -> Expected:
+    """The probe of a float export (random tokens), or of a quantized one (a held-out sequence
+    of `held_out`, the export's task), and the reference's logits on it."""
+    tokens = (int8_probe_tokens(held_out, max_len) if held_out is not None
+              else probe_tokens(reference.vocab_size))
+    return Expected(tokens, reference.logits(tokens))
+
+
+def probe_parity(expected: Expected, folder: Path) -> dict:
     from psa_edge.io import read_artifact
     from psa_edge.runtime.guard import mark_checked, self_check_record
     from psa_edge.runtime.session import open_session
@@ -52,9 +67,7 @@ def probe_parity(reference: Reference, folder: Path) -> dict:
     session = open_session(folder)
     manifest = session.manifest
     int8 = manifest.get("quantization") is not None
-    tokens = (int8_probe_tokens(manifest, reference.model.tokenizer) if int8
-              else probe_tokens(reference.vocab_size))
-    expected = reference.logits(tokens)
+    tokens, expected = expected.tokens, expected.logits
     scheme = (manifest.get("quantization") or {}).get("scheme")
     scale, limit = logit_scale(expected), tolerance(expected, scheme)
     top2 = np.sort(expected, -1)[:, -2:]

@@ -3,7 +3,9 @@
 Modelled on llama.cpp's KL-divergence check. Contract: `prepare(checkpoint, artifact, ...)`
 - refuses an artifact whose manifest does not match it, or that was not exported from this
   checkpoint (source sha256), a task whose vocabulary is not the model's, and a sample count
-  below 1 (`PsaEdgeError`: exit 2);
+  below 1 (`PsaEdgeError`: exit 2); the held-out data is the checkpoint's own task, another
+  named task, or any text (`text`: a corpus as train takes it, the validation split, so any
+  language model is checked on text);
 then `run(plan, thresholds)`
 - runs the float reference (eager fp32, full sequence; the gamma = 0 twin when the artifact is
   a twin) and the artifact on the same held-out sequences of the task, the artifact token by
@@ -130,16 +132,25 @@ class Plan:
 
 
 def prepare(checkpoint: Path, artifact: Path, task_name: str | None = None, samples: int = 64,
-            seed: int = EVAL_SEED) -> Plan:
-    """Every check of the input, before any long work (`PsaEdgeError` on bad input)."""
+            seed: int = EVAL_SEED, text: tuple[str, ...] = (), seq_len: int = 128) -> Plan:
+    """Every check of the input, before any long work (`PsaEdgeError` on bad input). With
+    `text`, the held-out data is that corpus's validation split in windows of `seq_len`."""
+    from psa_edge.tasks.text import TextTask, read_corpus
+
     checkpoint, artifact = Path(checkpoint), Path(artifact)
     if samples < 1:
         raise TaskError(f"--samples must be at least 1, got {samples}")
+    if text and task_name:
+        raise TaskError("pass --task or --text, not both")
     manifest = read_artifact(artifact).manifest
     check_source(checkpoint, artifact, manifest)
     reference = Reference.of_artifact(manifest, checkpoint)
-    task = scored_task((manifest.get("source_checkpoint") or {}).get("task"), task_name,
-                       reference.model.tokenizer, reference.vocab_size, checkpoint)
+    if text:
+        task = TextTask(read_corpus(text), reference.model.tokenizer,
+                        min(seq_len, manifest["max_seq_len"]))
+    else:
+        task = scored_task((manifest.get("source_checkpoint") or {}).get("task"), task_name,
+                           reference.model.tokenizer, reference.vocab_size, checkpoint)
     inputs, targets = task.sample("test", samples, seed)
     length = min(inputs.shape[1], manifest["max_seq_len"])
     return Plan(checkpoint, artifact, manifest, reference, task, inputs[:, :length],

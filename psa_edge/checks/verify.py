@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import zipfile
 from dataclasses import asdict, dataclass
+from io import BytesIO
 from pathlib import Path
 from typing import Callable
 
@@ -59,7 +60,7 @@ class Check:
 @dataclass(frozen=True)
 class Probes:
     """The sequences verify feeds, a function of the vocabulary and max length alone, so that
-    a reference recorded at export (`record_reference`) holds the logits of exactly these."""
+    a reference recorded at export (`reference_record`) holds the logits of exactly these."""
     tokens: np.ndarray          # the parity probe
     continuations: np.ndarray   # [4, 8], each after the first half of `tokens`
 
@@ -125,7 +126,7 @@ RECORDED = ("tokens", "logits", "continuation_tokens", "continuation_logits")
 
 def recorded_shapes_fit(tokens, logits, continuation_tokens, continuation_logits,
                         vocab_size: int) -> bool:
-    """Whether a recorded reference's arrays are what `record_reference` writes."""
+    """Whether a recorded reference's arrays are what `reference_record` writes."""
     integers = all(a.dtype.kind in "iu" for a in (tokens, continuation_tokens))
     floats = all(a.dtype.kind == "f" for a in (logits, continuation_logits))
     return (integers and floats and tokens.ndim == 1 and continuation_tokens.ndim == 2
@@ -134,17 +135,15 @@ def recorded_shapes_fit(tokens, logits, continuation_tokens, continuation_logits
             and bool(np.isfinite(logits).all()) and bool(np.isfinite(continuation_logits).all()))
 
 
-def record_reference(reference: Reference, vocab_size: int, max_seq_len: int, path: Path
-                     ) -> None:
-    """The probes' reference logits, for `RecordedReference`."""
-    from psa_edge.io import atomic_output
-
+def reference_record(reference: Reference, vocab_size: int, max_seq_len: int) -> bytes:
+    """The probes' reference logits, for `RecordedReference`: the bytes of `REFERENCE`."""
     probes = Probes.of(vocab_size, max_seq_len)
     live = LiveReference(reference)
-    with atomic_output(path) as tmp, open(tmp, "wb") as f:
-        arrays = (probes.tokens, live.probe(probes), probes.continuations,
-                  np.stack(live.continuations(probes)))
-        np.savez(f, **dict(zip(RECORDED, arrays)))
+    arrays = (probes.tokens, live.probe(probes), probes.continuations,
+              np.stack(live.continuations(probes)))
+    buffer = BytesIO()
+    np.savez(buffer, **dict(zip(RECORDED, arrays)))
+    return buffer.getvalue()
 
 
 def check_parity(session, expected, tokens, ref_tol, rng) -> Check:

@@ -21,9 +21,10 @@ import copy
 
 import torch
 
+from psa_edge.contract import MODEL_FILES
 from psa_edge.export import quantize as q
 from psa_edge.export import quiet
-from psa_edge.export.forms import Traced
+from psa_edge.export.forms import ModelFiles, Traced
 
 # Why an op stays outside XNNPACK, by op-name prefix (checked against the XNNPACK partitioner
 # configs of executorch 1.4.1). An op outside the delegate with no reason here is reported as
@@ -160,7 +161,7 @@ class ExecuTorchTarget:
     def side_files(self, cfg, max_len: int, form: str) -> dict[str, dict]:
         return {}  # the runner reads the program's own metadata methods and the tokenizer
 
-    def lower(self, exported, form, cfg, max_len: int) -> tuple[bytes, dict | None]:
+    def lower(self, exported, form, cfg, max_len: int) -> tuple[ModelFiles, dict | None]:
         from executorch.devtools.backend_debug import get_delegation_info
         from executorch.exir import ExecutorchBackendConfig
 
@@ -173,13 +174,13 @@ class ExecuTorchTarget:
         # executorch 1.4.1's planning and reads garbage (the parity probe refuses it).
         config = ExecutorchBackendConfig(run_reinplace_pass=self.delegated)
         with quiet():
-            buffer = edge.to_executorch(config).buffer
+            files = ModelFiles({MODEL_FILES[self.name]: edge.to_executorch(config).buffer})
         if not self.delegated:
-            return buffer, None
+            return files, None
         report = reports.pop("forward")
         if reports:
             report["methods"] = reports
-        return buffer, report
+        return files, report
 
 
 XNNPACK = ExecuTorchTarget("xnnpack", delegated=True)

@@ -32,7 +32,9 @@ the constant methods, and (`build_onnx`) a graph written without tracing.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -56,6 +58,23 @@ class Traced:
     """One method's traced graph (an ExportedProgram, or the ONNX ModelProto) and its example."""
     program: object
     example: Example
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """What the `lower` stage hands to `save`: each model file of the artifact by name, as bytes
+    or as a scratch file to move in; `owner` keeps the scratch files alive until then."""
+    contents: dict
+    owner: object = None
+
+    def write(self, folder: Path) -> int:
+        """The files into the artifact folder; their total size in bytes."""
+        for name, content in self.contents.items():
+            if isinstance(content, bytes):
+                (folder / name).write_bytes(content)
+            else:  # moved (copied across file systems)
+                shutil.move(content, folder / name)
+        return sum((folder / name).stat().st_size for name in self.contents)
 
 
 def graph_io(cfg: ModelConfig, max_len: int, form: str) -> GraphIO:
