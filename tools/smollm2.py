@@ -48,11 +48,15 @@ CHAT_TOKENS = 48
 # probe and quant-check (validation split) read the same corpus.
 TEXT = [Path(sysconfig.get_paths()["stdlib"]) / name
         for name in ("email", "json", "http", "logging", "asyncio", "importlib", "unittest")]
-# fp32 first (the chat block needs both), the slow XNNPACK quantized builds last
-BUILDS = [("onnx", None), ("xnnpack", None), ("onnx", "int8"), ("onnx", "int4"),
+# ONNX first, the slow XNNPACK builds last (each build's rows land in the page as it is done)
+BUILDS = [("onnx", None), ("onnx", "int8"), ("onnx", "int4"), ("xnnpack", None),
           ("xnnpack", "int8"), ("xnnpack", "int4")]
 XNNPACK_LEN = 1024
 PPL_LIMIT = {"int8": 0.02, "int4": 0.10}
+
+
+def text_args() -> list:
+    return [arg for path in TEXT for arg in ("--text", path)]  # the option repeats per path
 
 
 def fetch() -> tuple:
@@ -119,7 +123,7 @@ def export_one(checkpoint: Path, target: str, scheme: str | None) -> tuple[str, 
     folder = WORK / f"smollm2-{target}-{scheme or 'fp32'}"
     args = ["export", checkpoint, "--target", target, "-o", folder, "--json"]
     args += ["--max-seq-len", XNNPACK_LEN] if target == "xnnpack" else []
-    args += ["--quantize", scheme, "--text", *TEXT] if scheme else []
+    args += ["--quantize", scheme, *text_args()] if scheme else []
     seconds, peak, out = measured(*args)
     manifest, weights = json.loads(out), os.path.getsize(checkpoint)
     parity = manifest["parity"]
@@ -152,36 +156,27 @@ def chat_block(theirs, folders: dict) -> list[str]:
     return rows
 
 
-def quant_block(checkpoint: Path, folders: dict) -> list[str]:
-    rows = []
-    for name, folder in folders.items():
-        scheme = name.split("-")[1]
-        if scheme == "fp32":
-            continue
-        _, _, out = measured("quant-check", checkpoint, folder, "--text", *TEXT, "--samples",
-                             16, "--seq-len", 128, "--json")
-        m = json.loads(out)["metrics"]
-        increase = m["target_perplexity_ratio"] - 1
-        verdict = "yes" if increase <= PPL_LIMIT[scheme] else "NO"
-        rows.append(f"| {name} | {m['target_perplexity_float']:.3f} | "
-                    f"{m['target_perplexity_artifact']:.3f} | {increase:+.2%} (limit "
-                    f"+{PPL_LIMIT[scheme]:.0%}: {verdict}) | {m['top1_agreement']:.3f} | "
-                    f"{m['kl_mean']:.4f} |")
-    return rows
+def quant_row(checkpoint: Path, name: str, folder: Path) -> str:
+    scheme = name.split("-")[1]
+    _, _, out = measured("quant-check", checkpoint, folder, *text_args(), "--samples", 16,
+                         "--seq-len", 128, "--json")
+    m = json.loads(out)["metrics"]
+    increase = m["target_perplexity_ratio"] - 1
+    verdict = "yes" if increase <= PPL_LIMIT[scheme] else "NO"
+    return (f"| {name} | {m['target_perplexity_float']:.3f} | "
+            f"{m['target_perplexity_artifact']:.3f} | {increase:+.2%} (limit "
+            f"+{PPL_LIMIT[scheme]:.0%}: {verdict}) | {m['top1_agreement']:.3f} | "
+            f"{m['kl_mean']:.4f} |")
 
 
-def memory_block(folders: dict) -> list[str]:
-    rows = []
-    for name, folder in folders.items():
-        _, peak, out = measured("bench", folder, "-p", 16, "-n", 16, "-r", 1, "--threads", 1,
-                                "--json")
-        report = json.loads(out)
-        result = report["results"][0]
-        weights = result["size_bytes"]
-        rows.append(f"| {name} | {weights / 1e6:.0f} MB | {result['load_rss_bytes'] / 1e6:.0f} "
-                    f"MB | {report['peak_rss_bytes'] / 1e6:.0f} MB "
-                    f"({report['peak_rss_bytes'] / weights:.2f}x) |")
-    return rows
+def memory_row(name: str, folder: Path) -> str:
+    _, _, out = measured("bench", folder, "-p", 16, "-n", 16, "-r", 1, "--threads", 1, "--json")
+    report = json.loads(out)
+    result = report["results"][0]
+    weights = result["size_bytes"]
+    peak = report["peak_rss_bytes"]
+    return (f"| {name} | {weights / 1e6:.0f} MB | {result['load_rss_bytes'] / 1e6:.0f} MB | "
+            f"{peak / 1e6:.0f} MB ({peak / weights:.2f}x) |")
 
 
 def page(weights: int, blocks: dict) -> str:
@@ -232,17 +227,18 @@ def main() -> None:
     blocks["import"], theirs = import_block(gguf, checkpoint, extra)
     weights = os.path.getsize(checkpoint)
     write_doc("real-model.md", page(weights, blocks))  # each block lands as it is measured
-    blocks["export"], folders = [], {}
+    blocks.update(export=[], quant=[], memory=[])
+    folders: dict = {}
     for target, scheme in BUILDS:
-        row, folders[f"{target}-{scheme or 'fp32'}"] = export_one(checkpoint, target, scheme)
+        name = f"{target}-{scheme or 'fp32'}"
+        row, folders[name] = export_one(checkpoint, target, scheme)
         blocks["export"].append(row)
+        if scheme:
+            blocks["quant"].append(quant_row(checkpoint, name, folders[name]))
+        blocks["memory"].append(memory_row(name, folders[name]))
         if "chat" not in blocks and {"onnx-fp32", "xnnpack-fp32"} <= set(folders):
             blocks["chat"] = chat_block(theirs, folders)
         write_doc("real-model.md", page(weights, blocks))
-    blocks["quant"] = quant_block(checkpoint, folders)
-    write_doc("real-model.md", page(weights, blocks))
-    blocks["memory"] = memory_block(folders)
-    write_doc("real-model.md", page(weights, blocks))
 
 
 if __name__ == "__main__":
