@@ -49,8 +49,10 @@ CHAT_TOKENS = 48
 TEXT = [Path(sysconfig.get_paths()["stdlib"]) / name
         for name in ("email", "json", "http", "logging", "asyncio", "importlib", "unittest")]
 # ONNX first, the slow XNNPACK builds last (each build's rows land in the page as it is done)
-BUILDS = [("onnx", None), ("onnx", "int8"), ("onnx", "int4"), ("xnnpack", None),
-          ("xnnpack", "int8"), ("xnnpack", "int4")]
+# int8 is int8-dynamic: static per-tensor activation scales failed the export's own parity
+# probe on this model (ONNX: max logit error 32.4, argmax agreement 0.79 on decided positions).
+BUILDS = [("onnx", None), ("onnx", "int8-dynamic"), ("onnx", "int4"), ("xnnpack", None),
+          ("xnnpack", "int8-dynamic"), ("xnnpack", "int4")]
 XNNPACK_LEN = 1024
 PPL_LIMIT = {"int8": 0.02, "int4": 0.10}
 
