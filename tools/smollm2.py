@@ -215,8 +215,7 @@ def page(weights: int, blocks: dict) -> str:
         "|---|---|---|---|---|---|", *rows("quant"), "",
         "## Runtime memory: `psa-edge bench`", "",
         "A session's resident memory after loading (`load_rss_bytes`) and the bench process's "
-        "peak (ONNX Runtime holds the mapped weights and their prepacked copies at once while "
-        "it loads), against the artifact's weight bytes:", "",
+        "peak, against the artifact's weight bytes:", "",
         "| build | weights | session load RSS | process peak RSS |", "|---|---|---|---|",
         *rows("memory")])
 

@@ -50,9 +50,8 @@ def inference_session(artifact: Artifact, threads: int | None, io: GraphIO,
     if artifact.weights_path is not None:
         # The graph is the checked bytes; its weights are mapped from the checked file beside
         # it, not parsed into a copy (SmolLM2-135M fp32: 0.60 GB resident, 1.26 GB from one
-        # file's bytes). While it loads, ONNX Runtime holds the mapped weights and their
-        # prepacked copies at once: the process peaks near twice the weights (measured in
-        # docs/results/real-model.md); disabling prepacking avoids that, but decoded 15% slower.
+        # file's bytes). Prepacking stays on: disabled, the weights stay mapped instead of
+        # copied, but this model decoded 15% slower.
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                          str(artifact.folder))
     held = resident_now()
