@@ -330,9 +330,7 @@ class Artifact:
     def read(self, name: str) -> bytes:
         """A file of the folder, read once and checked against the manifest's sha256: what the
         caller uses is what was checked."""
-        path = self.folder / name
-        if name not in self.manifest["files"]:
-            raise ArtifactError(f"{self.folder / MANIFEST} lists no {name}")
+        path = self.listed(name)
         try:
             data = path.read_bytes()
         except OSError as exc:
@@ -342,14 +340,22 @@ class Artifact:
 
     def check(self, name: str) -> None:
         """A file of the folder hashed as a stream (not held) against the manifest."""
-        path = self.folder / name
-        if name not in self.manifest["files"]:
-            raise ArtifactError(f"{self.folder / MANIFEST} lists no {name}")
+        path = self.listed(name)
         try:
             digest = sha256_file(path)
         except OSError as exc:
             raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}")
         self.match(name, digest)
+
+    def listed(self, name: str) -> Path:
+        """The path of a file the manifest lists, refused unless it is a regular file (a FIFO
+        or a device in its place would block the read)."""
+        path = self.folder / name
+        if name not in self.manifest["files"]:
+            raise ArtifactError(f"{self.folder / MANIFEST} lists no {name}")
+        if (problem := not_a_file(path)) is not None:
+            raise ArtifactError(f"{path} {problem}")
+        return path
 
     def match(self, name: str, digest: str) -> None:
         if self.manifest["files"][name] != digest:

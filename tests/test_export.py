@@ -340,6 +340,15 @@ def test_inspect_refuses_mismatched_manifest(artifacts, tmp_path, name):
         open_session(copy)
 
 
+def test_a_fifo_in_place_of_the_weights_is_refused_not_read(artifacts, tmp_path):
+    """A FIFO where model.onnx.data belongs would block the hash forever: refused by kind."""
+    copy = copy_artifact(artifacts["onnx"], tmp_path / "x")
+    (copy / "model.onnx.data").unlink()
+    os.mkfifo(copy / "model.onnx.data")
+    with pytest.raises(ArtifactError, match="model.onnx.data is not a regular file"):
+        open_session(copy)
+
+
 def test_onnx_weights_are_external_data_beside_the_graph(artifacts):
     """Every weight tensor lives in model.onnx.data (listed and hashed in the manifest), so the
     graph file holds no weights and ONNX Runtime maps them."""

@@ -68,12 +68,6 @@ class OnnxFiles:
 
         return cls.of_proto(onnx.load(str(path)))
 
-    def graph(self):
-        """The graph without its weights."""
-        import onnx
-
-        return onnx.load(str(self.path), load_external_data=False)
-
     def files(self) -> dict[str, Path]:
         """The artifact's files: the graph and (when any tensor is large enough) its weights."""
         return {p.name: p for p in (self.path, self.path.with_name(ONNX_DATA)) if p.exists()}
